@@ -1,0 +1,62 @@
+//! Wiring: connect the store, start the coordinator, serve HTTP until the shutdown future
+//! resolves, then stop the background work. `main` and the tests both start the gateway here.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::coordinator::Coordinator;
+use crate::domain::error::OjsError;
+use crate::http::{router, AppState};
+use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
+
+/// Runs a gateway on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// When NATS cannot be reached at start or the HTTP server fails.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), OjsError> {
+    let store = Store::connect(&config).await?;
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let instance = format!("{}-{}", config.service_name, Uuid::now_v7());
+    tasks.spawn(
+        Coordinator::new(store.clone(), instance, config.lease_ttl()).run(cancel.child_token()),
+    );
+
+    let state = Arc::new(AppState {
+        store,
+        config,
+        metrics: Metrics::new(),
+        started: Instant::now(),
+    });
+    let addr = listener
+        .local_addr()
+        .map_err(|e| OjsError::backend(e.to_string()))?;
+    info!(%addr, "ojs-jetstream listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| OjsError::backend(format!("HTTP server failed: {e}")))?;
+
+    cancel.cancel();
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+        .await
+        .is_err()
+    {
+        warn!("background services did not stop within 10 s");
+    }
+    Ok(())
+}

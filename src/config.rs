@@ -1,0 +1,196 @@
+//! Settings: defaults, then `config/ojs-jetstream.toml` (or the file in `OJS_CONFIG`), then
+//! `OJS_*` environment variables (`OJS_NATS_URL`, `OJS_LISTEN`, …). Validated once at start.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// Every setting, with its default. `config/ojs-jetstream.toml` documents each one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// NATS server URL(s), comma-separated.
+    pub nats_url: String,
+    /// Prefix of every stream, bucket and subject, so several deployments (or tests) can
+    /// share one NATS account. Events go to `<namespace>.events.<type>`.
+    pub namespace: String,
+    /// Name used in event `source` URIs (`ojs://<service_name>/api`).
+    pub service_name: String,
+    /// Enables `POST /ojs/v1/admin/reset`, which wipes all OJS data. For conformance runs only.
+    pub allow_reset: bool,
+    /// Largest request body accepted, in bytes (batches carry many jobs).
+    pub max_body_bytes: usize,
+    /// Largest single job envelope accepted, in bytes.
+    pub max_job_bytes: usize,
+    /// Replicas of every stream and bucket (3 on a three-node cluster).
+    pub replicas: usize,
+    /// `file` or `memory` storage for streams and buckets.
+    pub storage: String,
+    /// Default reservation of a fetched job, in milliseconds (worker protocol §5.2).
+    pub visibility_timeout_ms: u64,
+    /// JetStream's redelivery backstop for fetched messages nobody settled, in seconds.
+    pub ack_wait_secs: u64,
+    /// Revisions kept per job record; the event publisher can lag this many writes per job.
+    pub job_history: i64,
+    /// How long lifecycle events are kept in the events stream, in seconds.
+    pub events_max_age_secs: u64,
+    /// Coordinator lease time-to-live, in milliseconds; renewed every third of it.
+    pub lease_ttl_ms: u64,
+    /// Timeout of one NATS request, in milliseconds.
+    pub nats_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            nats_url: "nats://127.0.0.1:4222".into(),
+            namespace: "ojs".into(),
+            service_name: "ojs-jetstream".into(),
+            allow_reset: false,
+            max_body_bytes: 16 * 1024 * 1024,
+            max_job_bytes: 1024 * 1024,
+            replicas: 1,
+            storage: "file".into(),
+            visibility_timeout_ms: 1_800_000,
+            ack_wait_secs: 1_860,
+            job_history: 5,
+            events_max_age_secs: 86_400,
+            lease_ttl_ms: 3_000,
+            nats_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// A setting that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration could not be read: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid setting {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+impl Config {
+    /// Loads defaults ← TOML file ← `OJS_*` variables, then validates.
+    ///
+    /// # Errors
+    /// When the file or a variable does not parse, or a value is out of range.
+    pub fn load() -> Result<Config, ConfigError> {
+        let path =
+            std::env::var("OJS_CONFIG").unwrap_or_else(|_| "config/ojs-jetstream.toml".into());
+        Config::load_from(Path::new(&path))
+    }
+
+    /// Like [`Config::load`], with an explicit file (missing files are skipped).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file(path))
+            .merge(Env::prefixed("OJS_").ignore(&["config"]))
+            .extract()
+            .map_err(Box::new)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// # Errors
+    /// The first setting that is out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        let ns_ok = self
+            .namespace
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase())
+            && self
+                .namespace
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !ns_ok || self.namespace.len() > 32 {
+            return invalid(
+                "namespace",
+                "lowercase letters, digits and '-', starting with a letter, at most 32",
+            );
+        }
+        if !matches!(self.storage.as_str(), "file" | "memory") {
+            return invalid("storage", "must be file or memory");
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return invalid("replicas", "must be 1 to 5");
+        }
+        if !(1..=64).contains(&self.job_history) {
+            return invalid("job_history", "must be 1 to 64");
+        }
+        if self.lease_ttl_ms < 300 {
+            return invalid("lease_ttl_ms", "must be at least 300");
+        }
+        if self.max_job_bytes > self.max_body_bytes {
+            return invalid("max_job_bytes", "must not exceed max_body_bytes");
+        }
+        if self.visibility_timeout_ms == 0 || self.ack_wait_secs == 0 || self.nats_timeout_ms == 0 {
+            return invalid("visibility_timeout_ms", "timeouts must be positive");
+        }
+        Ok(())
+    }
+
+    pub fn visibility_timeout(&self) -> Duration {
+        Duration::from_millis(self.visibility_timeout_ms)
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_namespace_and_storage() {
+        let bad = Config {
+            namespace: "OJS.x".into(),
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = Config {
+            storage: "disk".into(),
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                "listen = \"127.0.0.1:9999\"\nnamespace = \"filens\"",
+            )?;
+            jail.set_env("OJS_NAMESPACE", "envns");
+            let cfg = Config::load_from(Path::new("c.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.listen.port(), 9999);
+            assert_eq!(cfg.namespace, "envns");
+            Ok(())
+        });
+    }
+}

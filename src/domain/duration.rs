@@ -1,0 +1,180 @@
+//! Durations in the forms OJS clients send: ISO 8601 (`PT1S`, `PT0.5S`, `P1DT2H`; retry §4),
+//! Go-style (`1s`, `500ms`, `1h30m`; the core seed's examples) — and their ISO output form.
+
+use std::time::Duration;
+
+/// Parses an ISO 8601 or Go-style duration. `None` when the text is neither.
+pub fn parse(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    if t.starts_with('P') || t.starts_with('p') {
+        parse_iso(&t[1..])
+    } else {
+        parse_go(t)
+    }
+}
+
+/// `[nW][nD][T[nH][nM][n[.f]S]]` after the leading `P`; months and years are refused because
+/// their length depends on the calendar.
+fn parse_iso(body: &str) -> Option<Duration> {
+    if body.is_empty() {
+        return None;
+    }
+    let (date, time) = match body.find(['T', 't']) {
+        Some(i) => (&body[..i], Some(&body[i + 1..])),
+        None => (body, None),
+    };
+    let mut ms = 0f64;
+    ms += fields(date, &[('W', 604_800_000.0), ('D', 86_400_000.0)])?;
+    if let Some(time) = time {
+        if time.is_empty() {
+            return None;
+        }
+        ms += fields(time, &[('H', 3_600_000.0), ('M', 60_000.0), ('S', 1000.0)])?;
+    }
+    to_duration(ms)
+}
+
+/// Reads `<number><unit>` pairs in the given unit order, each unit at most once.
+fn fields(mut s: &str, units: &[(char, f64)]) -> Option<f64> {
+    let mut total = 0f64;
+    let mut next_unit = 0;
+    while !s.is_empty() {
+        let end = s.find(|c: char| c.is_ascii_alphabetic())?;
+        let number: f64 = parse_number(&s[..end])?;
+        let unit = s[end..].chars().next()?.to_ascii_uppercase();
+        let pos = units[next_unit..].iter().position(|(u, _)| *u == unit)? + next_unit;
+        total += number * units[pos].1;
+        next_unit = pos + 1;
+        s = &s[end + 1..];
+    }
+    Some(total)
+}
+
+fn parse_number(s: &str) -> Option<f64> {
+    if s.is_empty()
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == ',')
+    {
+        return None;
+    }
+    s.replace(',', ".").parse().ok()
+}
+
+/// Go's `time.ParseDuration` subset: a sequence of `<number><unit>` with units
+/// `h`, `m`, `s`, `ms`, `us`/`µs`, `ns`.
+fn parse_go(s: &str) -> Option<Duration> {
+    if s.is_empty() {
+        return None;
+    }
+    if s == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = s;
+    let mut ms = 0f64;
+    while !rest.is_empty() {
+        let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let number = parse_number(&rest[..end])?;
+        rest = &rest[end..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "h" => 3_600_000.0,
+            "m" => 60_000.0,
+            "s" => 1000.0,
+            "ms" => 1.0,
+            "us" | "µs" => 0.001,
+            "ns" => 0.000_001,
+            _ => return None,
+        };
+        ms += number * factor;
+        rest = &rest[unit_len..];
+    }
+    to_duration(ms)
+}
+
+fn to_duration(ms: f64) -> Option<Duration> {
+    (ms.is_finite() && ms >= 0.0).then(|| Duration::from_micros((ms * 1000.0).round() as u64))
+}
+
+/// Formats as ISO 8601 (`PT1S`, `PT0.5S`, `PT5M`, `PT1H30M`, `P1DT1H`), the form OJS responses use.
+pub fn format_iso(d: Duration) -> String {
+    let total_ms = d.as_millis();
+    if total_ms == 0 {
+        return "PT0S".to_string();
+    }
+    let days = total_ms / 86_400_000;
+    let hours = total_ms % 86_400_000 / 3_600_000;
+    let minutes = total_ms % 3_600_000 / 60_000;
+    let ms = total_ms % 60_000;
+    let mut out = String::from("P");
+    if days > 0 {
+        out.push_str(&format!("{days}D"));
+    }
+    if hours + minutes + ms > 0 {
+        out.push('T');
+        if hours > 0 {
+            out.push_str(&format!("{hours}H"));
+        }
+        if minutes > 0 {
+            out.push_str(&format!("{minutes}M"));
+        }
+        if ms > 0 {
+            if ms % 1000 == 0 {
+                out.push_str(&format!("{}S", ms / 1000));
+            } else {
+                let s = format!("{}.{:03}", ms / 1000, ms % 1000);
+                out.push_str(s.trim_end_matches('0'));
+                out.push('S');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Option<Duration> {
+        Some(Duration::from_millis(n))
+    }
+
+    #[test]
+    fn parses_iso_8601() {
+        assert_eq!(parse("PT1S"), ms(1000));
+        assert_eq!(parse("PT0.5S"), ms(500));
+        assert_eq!(parse("PT5M"), ms(300_000));
+        assert_eq!(parse("PT1H30M"), ms(5_400_000));
+        assert_eq!(parse("P1DT2H"), ms(93_600_000));
+        assert_eq!(parse("P1W"), ms(604_800_000));
+    }
+
+    #[test]
+    fn parses_go_style() {
+        assert_eq!(parse("1s"), ms(1000));
+        assert_eq!(parse("300s"), ms(300_000));
+        assert_eq!(parse("500ms"), ms(500));
+        assert_eq!(parse("1h30m"), ms(5_400_000));
+        assert_eq!(parse("1.5s"), ms(1500));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in [
+            "", "P", "PT", "PT1X", "P1M", "1x", "abc", "PT-1S", "-1s", "PTS", "P1H",
+        ] {
+            assert_eq!(parse(bad), None, "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn formats_round_trip() {
+        for text in [
+            "PT1S", "PT0.5S", "PT5M", "PT1H30M", "P1DT2H", "PT0S", "PT1.25S",
+        ] {
+            assert_eq!(format_iso(parse(text).unwrap()), text);
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! PUSH input validation (core §5, digest §2.1–2.2, §2.6): turns a client's JSON into a
+//! [`Job`], or an error naming the field. Option keys are read from `options` first, then
+//! from the top level; system-managed fields sent by a client are ignored.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use super::duration;
+use super::error::{ErrorCode, OjsError};
+use super::job::{Job, SPEC_VERSION};
+use super::retry::RetryPolicy;
+use super::state::JobState;
+use super::time;
+
+/// Core §5.3: clients never set these; their values are dropped on input.
+const SYSTEM_FIELDS: &[&str] = &[
+    "state",
+    "attempt",
+    "max_attempts",
+    "created_at",
+    "enqueued_at",
+    "started_at",
+    "completed_at",
+    "cancelled_at",
+    "discarded_at",
+    "error",
+    "errors",
+    "result",
+    "retry_delay_ms",
+    "next_attempt_at",
+    "worker_id",
+    "parent_results",
+    "workflow_id",
+];
+
+/// Option keys that may also stand at the top level (digest §2.1).
+const OPTION_KEYS: &[&str] = &[
+    "queue",
+    "priority",
+    "timeout",
+    "timeout_ms",
+    "scheduled_at",
+    "delay_until",
+    "expires_at",
+    "retry",
+    "retry_policy",
+    "unique",
+    "visibility_timeout",
+    "visibility_timeout_ms",
+    "tags",
+    "rate_limit",
+    "pending",
+];
+
+pub const MAX_TYPE_LEN: usize = 255;
+pub const MAX_QUEUE_LEN: usize = 128;
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
+
+/// Validates one enqueue request. `new_id` is used when the client sent no `id`.
+///
+/// # Errors
+/// 400 `invalid_payload` for a non-object, 400 `invalid_request` for a bad field,
+/// 422 for a semantically invalid retry policy.
+pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsError> {
+    let Value::Object(mut obj) = body else {
+        return Err(OjsError::new(
+            ErrorCode::InvalidPayload,
+            "The job must be a JSON object.",
+        ));
+    };
+    for key in SYSTEM_FIELDS {
+        obj.remove(*key);
+    }
+    let options = match obj.remove("options") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(other) => return Err(type_error("options", "an object", &other)),
+    };
+    let mut top_options = Map::new();
+    for key in OPTION_KEYS {
+        if let Some(v) = obj.remove(*key) {
+            top_options.insert((*key).to_string(), v);
+        }
+    }
+    let opts = Options {
+        primary: options,
+        fallback: top_options,
+    };
+
+    let job_type = match obj.remove("type") {
+        Some(Value::String(s)) => s,
+        None | Some(Value::Null) => {
+            return Err(OjsError::invalid("type", "Missing required field 'type'."))
+        }
+        Some(other) => return Err(type_error("type", "a string", &other)),
+    };
+    validate_type(&job_type)?;
+
+    let args = match obj.remove("args") {
+        Some(Value::Array(a)) => a,
+        None | Some(Value::Null) => {
+            return Err(OjsError::invalid(
+                "args",
+                "Missing required field 'args' (a JSON array).",
+            ))
+        }
+        Some(other) => return Err(type_error("args", "a JSON array", &other)),
+    };
+
+    let id = match obj.remove("id") {
+        None | Some(Value::Null) => new_id.hyphenated().to_string(),
+        Some(Value::String(s)) => parse_job_id(&s)
+            .ok_or_else(|| OjsError::invalid("id", format!("id must be a UUIDv7, got {s:?}.")))?,
+        Some(other) => return Err(type_error("id", "a UUIDv7 string", &other)),
+    };
+
+    let mut meta = match obj.remove("meta") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(other) => return Err(type_error("meta", "an object", &other)),
+    };
+    for key in ["metadata", "meta"] {
+        match opts.primary.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => meta.extend(m.clone()),
+            Some(other) => return Err(type_error(&format!("options.{key}"), "an object", other)),
+        }
+    }
+
+    match obj.remove("specversion") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(v)) if v == SPEC_VERSION || v == "1.0" => {}
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "specversion",
+                format!("specversion must be \"{SPEC_VERSION}\" or \"1.0\", got {other}."),
+            ))
+        }
+    }
+    let schema = match obj.remove("schema") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(other) => return Err(type_error("schema", "a URI string", &other)),
+    };
+
+    let queue = match opts.get("queue") {
+        None => "default".to_string(),
+        Some(Value::String(q)) => {
+            validate_queue(q)?;
+            q.clone()
+        }
+        Some(other) => return Err(type_error("queue", "a string", other)),
+    };
+    let priority = match opts.get("priority") {
+        None => 0,
+        Some(v) => parse_priority(v)?,
+    };
+    let timeout_ms = match (opts.get("timeout_ms"), opts.get("timeout")) {
+        (Some(v), _) => non_negative(v, "timeout_ms")?,
+        (None, Some(v)) => non_negative(v, "timeout")?.saturating_mul(1000),
+        (None, None) => 0,
+    };
+    let visibility_timeout_ms = match (
+        opts.get("visibility_timeout_ms"),
+        opts.get("visibility_timeout"),
+    ) {
+        (Some(v), _) => non_negative(v, "visibility_timeout_ms")?,
+        (None, Some(Value::String(s))) => duration::parse(s)
+            .map(|d| d.as_millis() as u64)
+            .ok_or_else(|| {
+                OjsError::invalid(
+                    "visibility_timeout",
+                    format!("visibility_timeout must be a duration, got {s:?}."),
+                )
+            })?,
+        (None, Some(v)) => non_negative(v, "visibility_timeout")?.saturating_mul(1000),
+        (None, None) => 0,
+    };
+    let scheduled = match (opts.get("scheduled_at"), opts.get("delay_until")) {
+        (Some(v), _) => Some(parse_schedule(v, "scheduled_at", now)?),
+        (None, Some(v)) => Some(parse_schedule(v, "delay_until", now)?),
+        (None, None) => None,
+    };
+    let expires_at = match opts.get("expires_at") {
+        None => None,
+        Some(Value::String(s)) if time::parse(s).is_some() => Some(s.clone()),
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "expires_at",
+                format!("expires_at must be an RFC 3339 timestamp with a zone, got {other}."),
+            ))
+        }
+    };
+    let retry = match opts.get("retry").or_else(|| opts.get("retry_policy")) {
+        None => RetryPolicy::default(),
+        Some(v) => RetryPolicy::from_value(v)?,
+    };
+    let unique = match opts.get("unique") {
+        None => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(other) => return Err(type_error("unique", "an object", other)),
+    };
+    let rate_limit = match opts.get("rate_limit") {
+        None => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(other) => return Err(type_error("rate_limit", "an object", other)),
+    };
+    let tags = match opts.get("tags") {
+        None => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|t| t.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| OjsError::invalid("tags", "tags must be an array of strings."))?,
+        ),
+        Some(other) => return Err(type_error("tags", "an array of strings", other)),
+    };
+    let pending = match opts.get("pending") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(type_error("pending", "a boolean", other)),
+    };
+
+    let state = match &scheduled {
+        _ if pending => JobState::Pending,
+        Some((_, at)) if *at > now => JobState::Scheduled,
+        _ => JobState::Available,
+    };
+    let unknown_options: Map<String, Value> = opts
+        .primary
+        .into_iter()
+        .filter(|(k, _)| !OPTION_KEYS.contains(&k.as_str()) && k != "metadata" && k != "meta")
+        .collect();
+
+    let job = Job {
+        specversion: SPEC_VERSION.to_string(),
+        id,
+        job_type,
+        queue,
+        args,
+        meta,
+        priority,
+        state,
+        attempt: 0,
+        max_attempts: retry.max_attempts,
+        timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+        visibility_timeout_ms: (visibility_timeout_ms > 0).then_some(visibility_timeout_ms),
+        tags,
+        retry,
+        unique,
+        rate_limit,
+        schema,
+        scheduled_at: scheduled.map(|(text, _)| text),
+        expires_at,
+        created_at: now,
+        enqueued_at: (state == JobState::Available).then_some(now),
+        started_at: None,
+        completed_at: None,
+        cancelled_at: None,
+        discarded_at: None,
+        result: None,
+        error: None,
+        errors: Vec::new(),
+        retry_delay_ms: None,
+        next_attempt_at: None,
+        worker_id: None,
+        options: (!unknown_options.is_empty()).then_some(unknown_options),
+        extra: obj,
+    };
+    Ok(job)
+}
+
+/// `options.*` wins over the same key at the top level; `null` means absent.
+struct Options {
+    primary: Map<String, Value>,
+    fallback: Map<String, Value>,
+}
+
+impl Options {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.primary
+            .get(key)
+            .or_else(|| self.fallback.get(key))
+            .filter(|v| !v.is_null())
+    }
+}
+
+fn type_error(field: &str, expected: &str, got: &Value) -> OjsError {
+    OjsError::invalid(
+        field,
+        format!("{field} must be {expected}, got {}.", json_kind(got)),
+    )
+    .with_detail("expected", expected)
+    .with_detail("received", json_kind(got))
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Digest §5 #1: dot-separated lowercase segments; hyphens and underscores allowed.
+pub fn validate_type(t: &str) -> Result<(), OjsError> {
+    let ok = !t.is_empty()
+        && t.len() <= MAX_TYPE_LEN
+        && t.split('.').all(|seg| {
+            let mut chars = seg.chars();
+            chars.next().is_some_and(|c| c.is_ascii_lowercase())
+                && chars
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(OjsError::invalid(
+            "type",
+            format!("type {t:?} is invalid: use dot-separated lowercase segments such as \"email.send\" (at most {MAX_TYPE_LEN} characters)."),
+        ))
+    }
+}
+
+/// Core §5.1: `[a-z0-9][a-z0-9\-\.]*`, at most 128 characters.
+pub fn validate_queue(q: &str) -> Result<(), OjsError> {
+    let mut chars = q.chars();
+    let ok = q.len() <= MAX_QUEUE_LEN
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(OjsError::invalid(
+            "queue",
+            format!("queue {q:?} is invalid: use lowercase letters, digits, '-' and '.', starting with a letter or digit (at most {MAX_QUEUE_LEN} characters)."),
+        ))
+    }
+}
+
+/// A client-supplied id must be a UUIDv7; it is stored lowercase.
+pub fn parse_job_id(s: &str) -> Option<String> {
+    let id = Uuid::try_parse(s).ok()?;
+    (id.get_version_num() == 7 && s.len() == 36).then(|| id.hyphenated().to_string())
+}
+
+fn parse_priority(v: &Value) -> Result<i32, OjsError> {
+    let n = match v {
+        Value::String(name) => match name.to_ascii_uppercase().as_str() {
+            "HIGH" => 10,
+            "NORMAL" => 0,
+            "LOW" => -10,
+            _ => return Err(priority_error(v)),
+        },
+        other => other.as_i64().ok_or_else(|| priority_error(v))?,
+    };
+    if PRIORITY_RANGE.contains(&n) {
+        Ok(n as i32)
+    } else {
+        Err(priority_error(v))
+    }
+}
+
+fn priority_error(v: &Value) -> OjsError {
+    OjsError::invalid(
+        "priority",
+        format!("priority must be an integer from -100 to 100 (or HIGH, NORMAL, LOW), got {v}."),
+    )
+}
+
+fn non_negative(v: &Value, field: &str) -> Result<u64, OjsError> {
+    v.as_u64().ok_or_else(|| {
+        OjsError::invalid(
+            field,
+            format!("{field} must be a non-negative integer, got {v}."),
+        )
+    })
+}
+
+/// An absolute RFC 3339 time (kept verbatim) or `+<ISO duration>` relative to `now`.
+fn parse_schedule(
+    v: &Value,
+    field: &str,
+    now: DateTime<Utc>,
+) -> Result<(String, DateTime<Utc>), OjsError> {
+    let bad = || {
+        OjsError::invalid(
+            field,
+            format!("{field} must be an RFC 3339 timestamp with a zone or +<ISO 8601 duration>, got {v}."),
+        )
+    };
+    let text = v.as_str().ok_or_else(bad)?;
+    if let Some(rel) = text.strip_prefix('+') {
+        let d: Duration = duration::parse(rel).ok_or_else(bad)?;
+        let at = now + chrono::Duration::from_std(d).map_err(|_| bad())?;
+        return Ok((time::format(at), at));
+    }
+    let at = time::parse(text).ok_or_else(bad)?;
+    Ok((text.to_string(), at))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        time::parse("2026-02-12T10:30:00Z").unwrap()
+    }
+
+    fn ok(v: Value) -> Job {
+        parse(v, now(), Uuid::now_v7()).unwrap()
+    }
+
+    fn err(v: Value) -> OjsError {
+        parse(v, now(), Uuid::now_v7()).unwrap_err()
+    }
+
+    #[test]
+    fn minimal_job_gets_defaults() {
+        let j = ok(json!({"type": "email.send", "args": ["a"]}));
+        assert_eq!(j.queue, "default");
+        assert_eq!(j.state, JobState::Available);
+        assert_eq!(j.priority, 0);
+        assert_eq!(j.attempt, 0);
+        assert_eq!(j.max_attempts, 3);
+        assert_eq!(j.enqueued_at, Some(now()));
+        assert!(parse_job_id(&j.id).is_some());
+    }
+
+    #[test]
+    fn system_fields_are_ignored_and_unknown_fields_kept() {
+        let j = ok(
+            json!({"type": "a.b", "args": [], "state": "completed", "attempt": 9,
+            "result": 1, "x_custom": {"n": true}}),
+        );
+        assert_eq!(j.state, JobState::Available);
+        assert_eq!(j.attempt, 0);
+        assert_eq!(j.result, None);
+        assert_eq!(j.extra["x_custom"], json!({"n": true}));
+        let out = serde_json::to_value(&j).unwrap();
+        assert_eq!(out["x_custom"]["n"], true);
+        assert!(out.get("started_at").is_none() && out.get("error").is_none());
+    }
+
+    #[test]
+    fn options_win_over_top_level() {
+        let j = ok(
+            json!({"type": "a", "args": [], "queue": "top", "priority": 1,
+            "options": {"queue": "opt"}}),
+        );
+        assert_eq!(j.queue, "opt");
+        assert_eq!(j.priority, 1);
+    }
+
+    #[test]
+    fn type_rules() {
+        for good in [
+            "email.send",
+            "a",
+            "retry.test.attempt-counter",
+            "cleanup.old_data",
+        ] {
+            ok(json!({"type": good, "args": []}));
+        }
+        for bad in [
+            "Email.Send",
+            "email send",
+            "1email.send",
+            "",
+            "email@send!",
+            "a..b",
+            "a.",
+        ] {
+            assert_eq!(
+                err(json!({"type": bad, "args": []})).code,
+                ErrorCode::InvalidRequest,
+                "{bad}"
+            );
+        }
+        assert_eq!(err(json!({"args": []})).details["field"], "type");
+    }
+
+    #[test]
+    fn args_must_be_an_array() {
+        for bad in [
+            json!({"a": 1}),
+            json!("s"),
+            json!(42),
+            json!(true),
+            json!(null),
+        ] {
+            let e = err(json!({"type": "a", "args": bad}));
+            assert_eq!(e.details["field"], "args");
+        }
+    }
+
+    #[test]
+    fn queue_and_priority_rules() {
+        for bad in ["Default", "my_queue!", "-invalid", "my queue", ""] {
+            err(json!({"type": "a", "args": [], "options": {"queue": bad}}));
+        }
+        for p in [101, -101, 999_999] {
+            err(json!({"type": "a", "args": [], "options": {"priority": p}}));
+        }
+        assert_eq!(
+            ok(json!({"type": "a", "args": [], "options": {"priority": "HIGH"}})).priority,
+            10
+        );
+        assert_eq!(
+            ok(json!({"type": "a", "args": [], "options": {"priority": -100}})).priority,
+            -100
+        );
+    }
+
+    #[test]
+    fn client_id_must_be_uuidv7() {
+        let j = ok(json!({"type": "a", "args": [], "id": "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"}));
+        assert_eq!(j.id, "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f");
+        err(json!({"type": "a", "args": [], "id": "550e8400-e29b-41d4-a716-446655440000"}));
+        err(json!({"type": "a", "args": [], "id": "nope"}));
+    }
+
+    #[test]
+    fn schedules_future_past_and_relative() {
+        let future = ok(
+            json!({"type": "a", "args": [], "options": {"delay_until": "2099-12-31T23:59:59Z"}}),
+        );
+        assert_eq!(future.state, JobState::Scheduled);
+        assert_eq!(future.scheduled_at.as_deref(), Some("2099-12-31T23:59:59Z"));
+        assert_eq!(future.enqueued_at, None);
+        let past = ok(
+            json!({"type": "a", "args": [], "options": {"scheduled_at": "2020-01-01T00:00:00Z"}}),
+        );
+        assert_eq!(past.state, JobState::Available);
+        let rel = ok(json!({"type": "a", "args": [], "options": {"scheduled_at": "+PT5S"}}));
+        assert_eq!(
+            rel.scheduled_at.as_deref(),
+            Some("2026-02-12T10:30:05.000Z")
+        );
+        err(json!({"type": "a", "args": [], "options": {"scheduled_at": "2026-02-12T10:30:00"}}));
+    }
+
+    #[test]
+    fn timeouts_accept_both_units() {
+        let j = ok(
+            json!({"type": "a", "args": [], "options": {"timeout": 60, "visibility_timeout": "PT30S"}}),
+        );
+        assert_eq!(j.timeout_ms, Some(60_000));
+        assert_eq!(j.visibility_timeout_ms, Some(30_000));
+        err(json!({"type": "a", "args": [], "options": {"timeout_ms": -5}}));
+    }
+
+    #[test]
+    fn bad_retry_policy_is_unprocessable() {
+        let e = err(json!({"type": "a", "args": [], "options": {"retry": {"max_attempts": -1}}}));
+        assert!(e.semantic);
+        assert!(e.message.contains("max_attempts"));
+    }
+
+    #[test]
+    fn non_object_is_invalid_payload() {
+        assert_eq!(err(json!([1])).code, ErrorCode::InvalidPayload);
+    }
+}

@@ -1,0 +1,174 @@
+//! The job envelope as stored and returned (core §5, digest §2.5), and the record the store
+//! keeps around it: the envelope plus what any replica needs to act on the job later.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::retry::RetryPolicy;
+use super::state::JobState;
+use super::time;
+
+/// The envelope version this server writes (core §5.1).
+pub const SPEC_VERSION: &str = "1.0.0-rc.1";
+
+/// A job: client attributes, effective options (flattened, digest §5 #2) and system fields.
+/// Fields without a value are omitted, never `null` (JSON format §14.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub specversion: String,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub job_type: String,
+    pub queue: String,
+    pub args: Vec<Value>,
+    #[serde(default)]
+    pub meta: Map<String, Value>,
+    pub priority: i32,
+    pub state: JobState,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+    pub retry: RetryPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    /// Absolute RFC 3339; a client's absolute value is kept verbatim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<String>,
+    /// Kept verbatim as the client sent it (digest §1.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    #[serde(with = "time::millis")]
+    pub created_at: DateTime<Utc>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub enqueued_at: Option<DateTime<Utc>>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub completed_at: Option<DateTime<Utc>>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cancelled_at: Option<DateTime<Utc>>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub discarded_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<JobError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<JobError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_delay_ms: Option<u64>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// Option keys this server does not know, preserved (JSON format §14.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<Map<String, Value>>,
+    /// Unknown top-level fields, preserved and echoed (core §5.3).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A structured failure (core §8, errors spec §6.1): the latest in `error`, all in `errors`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobError {
+    pub code: String,
+    pub message: String,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
+    pub retryable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backtrace: Option<Value>,
+    pub attempt: u32,
+    #[serde(with = "time::millis")]
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// Who holds an active job and how to settle its queue message from any replica.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// The JetStream reply subject of the delivered message: publishing an ack to it from
+    /// any connection settles the message.
+    pub ack_subject: String,
+    #[serde(with = "time::millis")]
+    pub visible_until: DateTime<Utc>,
+}
+
+/// What the write that produced a record did; the events of that write follow from it alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transition {
+    /// Created (available, scheduled or pending).
+    Created,
+    /// `pending → available` by ACTIVATE.
+    Activated,
+    /// `available → active` by FETCH.
+    Started,
+    /// `active → completed` by ACK.
+    Completed,
+    /// `active → retryable | discarded` by FAIL.
+    Failed,
+    /// `active → available` by FAIL with `requeue`, or a lapsed reservation.
+    Requeued,
+    /// `retryable | scheduled → available` when its time came.
+    Promoted,
+    Cancelled,
+    /// The holder's message was redelivered; only the ack subject changed.
+    Redelivered,
+}
+
+/// The value kept in the jobs bucket under the job id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub job: Job,
+    /// Generation of the queue message allowed to claim this job: each time the job becomes
+    /// `available` a message with a new generation is published, and older ones are stale.
+    pub dispatch: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    pub transition: Transition,
+}
+
+impl JobRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a job record always serializes")
+    }
+}

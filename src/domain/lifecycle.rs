@@ -1,0 +1,426 @@
+//! The operations on a job record (core §7), as pure functions from the current record to the
+//! next one. The store writes the result with a revision check, so each function is the whole
+//! decision of one transition.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::error::{ErrorCode, OjsError};
+use super::job::{Holder, JobError, JobRecord, Transition};
+use super::state::{self, JobState};
+
+/// Kept entries of `errors[]`; the digest asks for at least 10.
+pub const MAX_ERROR_HISTORY: usize = 50;
+
+/// A worker's failure report (core §8; HTTP binding §10.3).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failure {
+    pub code: String,
+    pub message: String,
+    /// `false` makes the failure final whatever the retry policy says.
+    pub retryable: bool,
+    pub error_type: Option<String>,
+    pub details: Option<Value>,
+    pub backtrace: Option<Value>,
+}
+
+impl Failure {
+    /// The type matched against `non_retryable_errors`: `type`, else `details.error_class`,
+    /// else the code (digest §5 #23).
+    pub fn effective_type(&self) -> String {
+        self.error_type
+            .clone()
+            .or_else(|| {
+                self.details
+                    .as_ref()
+                    .and_then(|d| d.get("error_class"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| self.code.clone())
+    }
+}
+
+/// FETCH claims an available job: `attempt + 1`, `started_at`, the holder (core §7.2).
+pub fn claim(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    worker_id: Option<&str>,
+    ack_subject: &str,
+    visibility: Duration,
+) -> Result<JobRecord, OjsError> {
+    state::check(&rec.job.id, rec.job.state, JobState::Active)?;
+    let mut next = rec.clone();
+    let job = &mut next.job;
+    job.state = JobState::Active;
+    job.attempt += 1;
+    job.started_at = Some(now);
+    job.worker_id = worker_id.map(str::to_owned);
+    job.next_attempt_at = None;
+    next.holder = Some(Holder {
+        worker_id: worker_id.map(str::to_owned),
+        ack_subject: ack_subject.to_owned(),
+        visible_until: now
+            + chrono::Duration::from_std(visibility).unwrap_or(chrono::Duration::MAX),
+    });
+    next.transition = Transition::Started;
+    Ok(next)
+}
+
+/// The active job's queue message was delivered again (JetStream's ack-wait backstop) while
+/// the holder's reservation still runs: keep the holder, settle through the new subject.
+pub fn redelivered(rec: &JobRecord, ack_subject: &str) -> JobRecord {
+    let mut next = rec.clone();
+    if let Some(holder) = next.holder.as_mut() {
+        holder.ack_subject = ack_subject.to_owned();
+    }
+    next.transition = Transition::Redelivered;
+    next
+}
+
+/// ACK: `active → completed` with the result; the previous error is cleared (core §7.3).
+pub fn complete(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    worker_id: Option<&str>,
+    result: Option<Value>,
+) -> Result<JobRecord, OjsError> {
+    expect_holder(rec, worker_id)?;
+    let mut next = leave_active(rec);
+    let job = &mut next.job;
+    job.state = JobState::Completed;
+    job.completed_at = Some(now);
+    job.result = result.filter(|r| !r.is_null());
+    job.error = None;
+    next.transition = Transition::Completed;
+    Ok(next)
+}
+
+/// FAIL (core §7.4, digest §4.4): record the error, then requeue, retry with backoff or
+/// discard. `jitter_factor` is a draw from [0.5, 1.5).
+pub fn fail(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    worker_id: Option<&str>,
+    failure: &Failure,
+    requeue: bool,
+    jitter_factor: f64,
+) -> Result<JobRecord, OjsError> {
+    expect_holder(rec, worker_id)?;
+    let mut next = leave_active(rec);
+    let error_type = failure.effective_type();
+    let policy = &rec.job.retry;
+    let job = &mut next.job;
+    let entry = JobError {
+        code: failure.code.clone(),
+        message: failure.message.clone(),
+        error_type: Some(error_type.clone()),
+        retryable: failure.retryable,
+        details: failure.details.clone(),
+        backtrace: failure.backtrace.clone(),
+        attempt: job.attempt,
+        occurred_at: now,
+    };
+    record_error(job, entry);
+
+    if requeue {
+        job.state = JobState::Available;
+        job.enqueued_at = Some(now);
+        next.dispatch += 1;
+        next.transition = Transition::Requeued;
+        return Ok(next);
+    }
+    let final_failure = !failure.retryable || policy.is_non_retryable(&error_type);
+    if final_failure || job.attempt >= job.max_attempts {
+        job.state = JobState::Discarded;
+        job.completed_at = Some(now);
+        job.discarded_at = Some(now);
+    } else {
+        let delay = policy.delay(job.attempt, jitter_factor);
+        job.state = JobState::Retryable;
+        job.retry_delay_ms = Some(delay.as_millis() as u64);
+        job.next_attempt_at = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+    }
+    next.transition = Transition::Failed;
+    Ok(next)
+}
+
+/// The reservation ran out without ACK or FAIL (worker protocol §5.5): a
+/// `visibility_timeout` error is recorded and the job is available again — same attempt
+/// number, the next claim counts the next one — or discarded when its attempts are spent.
+/// The caller decides which queue message dispatches it again.
+pub fn lapse(rec: &JobRecord, now: DateTime<Utc>) -> JobRecord {
+    let mut next = leave_active(rec);
+    let job = &mut next.job;
+    let entry = JobError {
+        code: "timeout".into(),
+        message: "The visibility timeout expired before the job was acknowledged.".into(),
+        error_type: Some("visibility_timeout".into()),
+        retryable: true,
+        details: None,
+        backtrace: None,
+        attempt: job.attempt,
+        occurred_at: now,
+    };
+    record_error(job, entry);
+    if job.attempt >= job.max_attempts {
+        job.state = JobState::Discarded;
+        job.completed_at = Some(now);
+        job.discarded_at = Some(now);
+        next.transition = Transition::Failed;
+    } else {
+        job.state = JobState::Available;
+        job.enqueued_at = Some(now);
+        next.transition = Transition::Requeued;
+    }
+    next
+}
+
+/// Sets the latest error and appends it to the bounded history.
+fn record_error(job: &mut super::job::Job, entry: JobError) {
+    job.errors.push(entry.clone());
+    if job.errors.len() > MAX_ERROR_HISTORY {
+        let excess = job.errors.len() - MAX_ERROR_HISTORY;
+        job.errors.drain(..excess);
+    }
+    job.error = Some(entry);
+}
+
+/// CANCEL (core §7.6, digest §3.2.4): `None` when the job is already cancelled (idempotent);
+/// completed and discarded jobs are refused with 409.
+pub fn cancel(rec: &JobRecord, now: DateTime<Utc>) -> Result<Option<JobRecord>, OjsError> {
+    if rec.job.state == JobState::Cancelled {
+        return Ok(None);
+    }
+    state::check(&rec.job.id, rec.job.state, JobState::Cancelled)?;
+    let mut next = leave_active(rec);
+    next.job.state = JobState::Cancelled;
+    next.job.cancelled_at = Some(now);
+    next.transition = Transition::Cancelled;
+    Ok(Some(next))
+}
+
+/// ACTIVATE (HTTP binding §9.5): `pending → available`.
+pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsError> {
+    state::expect(&rec.job.id, rec.job.state, JobState::Pending)?;
+    let mut next = rec.clone();
+    next.job.state = JobState::Available;
+    next.job.enqueued_at = Some(now);
+    next.dispatch += 1;
+    next.transition = Transition::Activated;
+    Ok(next)
+}
+
+/// A timer for dispatch `dispatch` came due: a retryable or scheduled job becomes available
+/// under the next dispatch (core §6.4). `None` when the timer is stale — the job moved on.
+pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<JobRecord> {
+    let due = matches!(rec.job.state, JobState::Retryable | JobState::Scheduled);
+    if !due || rec.dispatch != dispatch {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.job.state = JobState::Available;
+    next.job.enqueued_at = Some(now);
+    next.job.next_attempt_at = None;
+    next.dispatch += 1;
+    next.transition = Transition::Promoted;
+    Some(next)
+}
+
+/// ACK and FAIL need the job active and, when both sides name a worker, held by the caller
+/// (worker protocol §5.6; digest §5 #54).
+fn expect_holder(rec: &JobRecord, worker_id: Option<&str>) -> Result<(), OjsError> {
+    state::expect(&rec.job.id, rec.job.state, JobState::Active)?;
+    let holder = rec.holder.as_ref().and_then(|h| h.worker_id.as_deref());
+    match (worker_id, holder) {
+        (Some(caller), Some(holder)) if caller != holder => Err(OjsError::new(
+            ErrorCode::Conflict,
+            format!(
+                "Job '{}' is held by worker '{holder}', not '{caller}'.",
+                rec.job.id
+            ),
+        )
+        .with_detail("job_id", rec.job.id.as_str())
+        .with_detail("worker_id", caller)
+        .with_detail("holder", holder)),
+        _ => Ok(()),
+    }
+}
+
+/// A copy without the reservation: the job is no longer held by anyone.
+fn leave_active(rec: &JobRecord) -> JobRecord {
+    let mut next = rec.clone();
+    next.holder = None;
+    next.job.worker_id = None;
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::domain::{envelope, time};
+
+    fn now() -> DateTime<Utc> {
+        time::parse("2026-02-12T10:30:00Z").unwrap()
+    }
+
+    fn record(options: Value) -> JobRecord {
+        let job = envelope::parse(
+            json!({"type": "t.x", "args": [], "options": options}),
+            now(),
+            Uuid::now_v7(),
+        )
+        .unwrap();
+        JobRecord {
+            job,
+            dispatch: 1,
+            holder: None,
+            transition: Transition::Created,
+        }
+    }
+
+    fn active(options: Value, worker: Option<&str>) -> JobRecord {
+        claim(
+            &record(options),
+            now(),
+            worker,
+            "ack.1",
+            Duration::from_secs(30),
+        )
+        .unwrap()
+    }
+
+    fn failure(retryable: bool) -> Failure {
+        Failure {
+            code: "handler_error".into(),
+            message: "boom".into(),
+            retryable,
+            ..Failure::default()
+        }
+    }
+
+    #[test]
+    fn claim_increments_attempt_and_sets_holder() {
+        let a = active(json!({}), Some("w1"));
+        assert_eq!(a.job.state, JobState::Active);
+        assert_eq!(a.job.attempt, 1);
+        assert_eq!(a.job.started_at, Some(now()));
+        assert_eq!(a.holder.as_ref().unwrap().ack_subject, "ack.1");
+        assert!(claim(&a, now(), None, "ack.2", Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn ack_completes_clears_error_and_refuses_other_workers() {
+        let a = active(json!({}), Some("w1"));
+        let err = complete(&a, now(), Some("w2"), None).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Conflict);
+        let c = complete(&a, now(), None, Some(json!({"ok": true}))).unwrap();
+        assert_eq!(c.job.state, JobState::Completed);
+        assert_eq!(c.job.result, Some(json!({"ok": true})));
+        assert!(c.holder.is_none() && c.job.error.is_none());
+        assert_eq!(
+            complete(&c, now(), None, None).unwrap_err().details["current_state"],
+            "completed"
+        );
+    }
+
+    #[test]
+    fn ack_on_available_is_a_conflict() {
+        let err = complete(&record(json!({})), now(), None, None).unwrap_err();
+        assert_eq!(err.details["expected_state"], "active");
+    }
+
+    #[test]
+    fn fail_with_retries_left_is_retryable_with_delay() {
+        let a = active(json!({"retry": {"jitter": false}}), None);
+        let f = fail(&a, now(), None, &failure(true), false, 1.0).unwrap();
+        assert_eq!(f.job.state, JobState::Retryable);
+        assert_eq!(f.job.retry_delay_ms, Some(1000));
+        assert_eq!(f.job.errors.len(), 1);
+        assert_eq!(f.job.errors[0].attempt, 1);
+        assert!(f.job.completed_at.is_none());
+    }
+
+    #[test]
+    fn fail_exhausted_or_non_retryable_discards() {
+        let one = active(json!({"retry": {"max_attempts": 1}}), None);
+        let d = fail(&one, now(), None, &failure(true), false, 1.0).unwrap();
+        assert_eq!(d.job.state, JobState::Discarded);
+        assert!(d.job.discarded_at.is_some() && d.job.completed_at.is_some());
+
+        let a = active(json!({}), None);
+        assert_eq!(
+            fail(&a, now(), None, &failure(false), false, 1.0)
+                .unwrap()
+                .job
+                .state,
+            JobState::Discarded
+        );
+
+        let typed = active(
+            json!({"retry": {"non_retryable_errors": ["FatalError"]}}),
+            None,
+        );
+        let mut f = failure(true);
+        f.details = Some(json!({"error_class": "FatalError"}));
+        assert_eq!(
+            fail(&typed, now(), None, &f, false, 1.0).unwrap().job.state,
+            JobState::Discarded
+        );
+    }
+
+    #[test]
+    fn requeue_returns_to_available_with_new_dispatch() {
+        let a = active(json!({}), None);
+        let r = fail(&a, now(), None, &failure(false), true, 1.0).unwrap();
+        assert_eq!(r.job.state, JobState::Available);
+        assert_eq!(r.dispatch, a.dispatch + 1);
+        assert_eq!(r.job.attempt, 1);
+    }
+
+    #[test]
+    fn lapse_requeues_or_discards_when_attempts_are_spent() {
+        let a = active(json!({}), Some("w"));
+        let l = lapse(&a, now());
+        assert_eq!(l.job.state, JobState::Available);
+        assert_eq!(l.job.attempt, 1);
+        assert_eq!(
+            l.job.error.as_ref().unwrap().error_type.as_deref(),
+            Some("visibility_timeout")
+        );
+        assert!(l.holder.is_none());
+        let last = active(json!({"retry": {"max_attempts": 1}}), None);
+        assert_eq!(lapse(&last, now()).job.state, JobState::Discarded);
+    }
+
+    #[test]
+    fn promote_only_the_dispatch_the_timer_was_set_for() {
+        let a = active(json!({}), None);
+        let r = fail(&a, now(), None, &failure(true), false, 1.0).unwrap();
+        assert!(promote(&r, now(), r.dispatch + 1).is_none());
+        let p = promote(&r, now(), r.dispatch).unwrap();
+        assert_eq!(p.job.state, JobState::Available);
+        assert_eq!(p.dispatch, r.dispatch + 1);
+        assert!(p.job.next_attempt_at.is_none());
+        assert!(promote(&p, now(), p.dispatch).is_none());
+    }
+
+    #[test]
+    fn cancel_rules() {
+        let c = cancel(&record(json!({})), now()).unwrap().unwrap();
+        assert_eq!(c.job.state, JobState::Cancelled);
+        assert!(c.job.completed_at.is_none());
+        assert_eq!(cancel(&c, now()).unwrap(), None);
+        let active = active(json!({}), None);
+        let done = complete(&active, now(), None, None).unwrap();
+        assert_eq!(cancel(&done, now()).unwrap_err().code, ErrorCode::Conflict);
+        let from_active = cancel(&active, now()).unwrap().unwrap();
+        assert_eq!(from_active.job.attempt, 1);
+        assert!(from_active.job.started_at.is_some());
+    }
+}

@@ -1,0 +1,12 @@
+//! Pure OJS: the envelope, its validation, the state machine, retry math and events.
+//! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
+
+pub mod duration;
+pub mod envelope;
+pub mod error;
+pub mod event;
+pub mod job;
+pub mod lifecycle;
+pub mod retry;
+pub mod state;
+pub mod time;

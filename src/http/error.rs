@@ -1,0 +1,62 @@
+//! OJS errors as HTTP responses: the one place codes meet statuses (HTTP binding §16, digest
+//! §1.3). Bodies are always `{"error":{...}}`; the request id is added by the middleware.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::respond;
+use crate::domain::error::{ErrorCode, OjsError};
+
+/// An error leaving a handler.
+#[derive(Debug)]
+pub struct ApiError(pub OjsError);
+
+impl From<OjsError> for ApiError {
+    fn from(e: OjsError) -> Self {
+        ApiError(e)
+    }
+}
+
+pub fn status(e: &OjsError) -> StatusCode {
+    match e.code {
+        ErrorCode::InvalidPayload => StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidRequest if e.semantic => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Duplicate | ErrorCode::Conflict => StatusCode::CONFLICT,
+        ErrorCode::Unsupported => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::EnvelopeTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::BackendError => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// The error body; `request_id` mirrors the `X-Request-Id` header.
+pub fn body(e: &OjsError, request_id: Option<&str>) -> Value {
+    let docs = format!("https://openjobspec.org/errors/{}", e.code.as_str());
+    let mut error = json!({
+        "code": e.code.as_str(),
+        "type": e.kind(),
+        "message": e.message,
+        "retryable": e.code.retryable(),
+        "hint": e.code.hint(),
+        "docs_url": docs,
+    });
+    if !e.details.is_empty() {
+        error["details"] = Value::Object(e.details.clone());
+    }
+    if let Some(id) = request_id {
+        error["request_id"] = json!(id);
+    }
+    json!({ "error": error })
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = respond(status(&self.0), &body(&self.0, None));
+        // The middleware re-renders the body with the request id, and logs server errors.
+        response.extensions_mut().insert(self.0);
+        response
+    }
+}

@@ -1,0 +1,79 @@
+//! Request bodies: our own JSON extractor, so every malformed or oversized body gets an OJS
+//! error object instead of the framework's plain-text rejection.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::domain::error::{ErrorCode, OjsError};
+
+/// A request body that is a JSON object (HTTP binding §6.1).
+pub struct JsonObject(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_content_type(&req)?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                OjsError::new(
+                    ErrorCode::EnvelopeTooLarge,
+                    "The request body is larger than this server accepts.",
+                )
+            } else {
+                OjsError::new(
+                    ErrorCode::InvalidPayload,
+                    format!("The request body could not be read: {rejection}"),
+                )
+            }
+        })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(OjsError::new(
+                ErrorCode::InvalidPayload,
+                "The request body is empty; send a JSON object.",
+            )
+            .into());
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(map)) => Ok(JsonObject(map)),
+            Ok(_) => Err(OjsError::new(
+                ErrorCode::InvalidPayload,
+                "The request body must be a JSON object.",
+            )
+            .into()),
+            Err(err) => Err(OjsError::new(
+                ErrorCode::InvalidPayload,
+                format!("The request body is not valid JSON: {err}."),
+            )
+            .into()),
+        }
+    }
+}
+
+/// JSON or OJS JSON, with parameters; a missing type is taken as JSON (HTTP binding §4.1).
+fn check_content_type(req: &Request) -> Result<(), ApiError> {
+    let Some(value) = req.headers().get(CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let media = value
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    if media == "application/json" || media == "application/openjobspec+json" {
+        Ok(())
+    } else {
+        Err(OjsError::new(
+            ErrorCode::InvalidRequest,
+            format!("Content-Type {media:?} is not supported; use application/openjobspec+json or application/json."),
+        )
+        .into())
+    }
+}

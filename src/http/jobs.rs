@@ -1,0 +1,123 @@
+//! PUSH (single and batch), INFO, CANCEL and ACTIVATE (HTTP binding §9).
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use chrono::Utc;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::extract::JsonObject;
+use super::{job_id, respond, ApiError, SharedState};
+use crate::domain::envelope;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::Job;
+
+/// Most jobs one batch may carry.
+const MAX_BATCH: usize = 10_000;
+
+pub async fn enqueue(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let job = envelope::parse(Value::Object(body), Utc::now(), Uuid::now_v7())?;
+    let job = state.store.enqueue(vec![job]).await?.remove(0);
+    let location = format!("/ojs/v1/jobs/{}", job.id);
+    let mut response = respond(StatusCode::CREATED, &json!({ "job": job }));
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(response)
+}
+
+/// All or none: every element is validated before anything is written (HTTP binding §9.2).
+pub async fn enqueue_batch(
+    State(state): State<SharedState>,
+    JsonObject(mut body): JsonObject,
+) -> Result<Response, ApiError> {
+    let items = match body.remove("jobs") {
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(Value::Array(_)) => {
+            return Err(OjsError::invalid("jobs", "jobs must contain at least one job.").into())
+        }
+        _ => {
+            return Err(OjsError::invalid(
+                "jobs",
+                "Missing required field 'jobs' (an array of jobs).",
+            )
+            .into())
+        }
+    };
+    if items.len() > MAX_BATCH {
+        return Err(OjsError::invalid(
+            "jobs",
+            format!(
+                "A batch may carry at most {MAX_BATCH} jobs, got {}.",
+                items.len()
+            ),
+        )
+        .into());
+    }
+    let now = Utc::now();
+    let jobs = items
+        .into_iter()
+        .enumerate()
+        .map(|(index, item)| {
+            envelope::parse(item, now, Uuid::now_v7()).map_err(|mut e| {
+                e.message = format!(
+                    "Batch validation failed: job at index {index}: {}",
+                    e.message
+                );
+                e.details.insert("index".into(), json!(index));
+                e
+            })
+        })
+        .collect::<Result<Vec<Job>, OjsError>>()?;
+    if let Some(index) = first_repeated_id(&jobs) {
+        return Err(OjsError::new(
+            ErrorCode::Duplicate,
+            format!("Batch validation failed: job at index {index} repeats an id of the batch."),
+        )
+        .with_detail("index", index)
+        .into());
+    }
+    let jobs = state.store.enqueue(jobs).await?;
+    let count = jobs.len();
+    Ok(respond(
+        StatusCode::CREATED,
+        &json!({ "jobs": jobs, "count": count }),
+    ))
+}
+
+fn first_repeated_id(jobs: &[Job]) -> Option<usize> {
+    let mut seen = std::collections::HashSet::with_capacity(jobs.len());
+    jobs.iter().position(|j| !seen.insert(j.id.as_str()))
+}
+
+pub async fn info(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let job = state.store.info(&job_id(&id)).await?;
+    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+}
+
+pub async fn cancel(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let settled = state.store.cancel(&job_id(&id)).await?;
+    let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
+    job["previous_state"] = json!(settled.before.job.state);
+    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+}
+
+pub async fn activate(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let job = state.store.activate(&job_id(&id)).await?;
+    let mut body = serde_json::to_value(&job).expect("jobs serialize");
+    body["previous_state"] = json!("pending");
+    Ok(respond(StatusCode::OK, &json!({ "job": body })))
+}

@@ -1,0 +1,155 @@
+//! The OJS HTTP binding on axum: routes, the response conventions every endpoint shares
+//! (content type, `OJS-Version`, `X-Request-Id`, error bodies) and request metrics.
+
+mod admin;
+mod error;
+mod events;
+mod extract;
+mod jobs;
+mod system;
+mod workers;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Serialize;
+use tracing::error;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
+pub use error::ApiError;
+
+/// The only response media type (HTTP binding §4.3).
+pub const OJS_MEDIA_TYPE: &str = "application/openjobspec+json";
+
+/// Shared by every handler.
+pub struct AppState {
+    pub store: Store,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub started: Instant,
+}
+
+pub type SharedState = Arc<AppState>;
+
+/// The whole HTTP API.
+pub fn router(state: SharedState) -> Router {
+    let mut api = Router::new()
+        .route("/ojs/manifest", get(system::manifest))
+        .route("/ojs/v1/health", get(system::health))
+        .route("/metrics", get(system::metrics))
+        .route("/ojs/v1/jobs", post(jobs::enqueue))
+        .route("/ojs/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/ojs/v1/jobs/{id}", get(jobs::info).delete(jobs::cancel))
+        .route("/ojs/v1/jobs/{id}/activate", post(jobs::activate))
+        .route("/ojs/v1/workers/fetch", post(workers::fetch))
+        .route("/ojs/v1/workers/ack", post(workers::ack))
+        .route("/ojs/v1/workers/nack", post(workers::fail))
+        .route("/ojs/v1/workers/fail", post(workers::fail))
+        .route("/ojs/v1/events", get(events::list));
+    if state.config.allow_reset {
+        api = api.route("/ojs/v1/admin/reset", post(admin::reset));
+    }
+    api.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), conventions))
+        .with_state(state)
+}
+
+/// A JSON response with the OJS media type.
+pub fn respond<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    let bytes = serde_json::to_vec(body).expect("response bodies serialize");
+    let mut response = (status, bytes).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(OJS_MEDIA_TYPE),
+    );
+    response
+}
+
+async fn not_found(req: Request) -> ApiError {
+    OjsError::new(
+        ErrorCode::NotFound,
+        format!("No endpoint at {} {}.", req.method(), req.uri().path()),
+    )
+    .with_detail("resource_type", "route")
+    .into()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let err = OjsError::new(
+        ErrorCode::InvalidRequest,
+        format!("{} is not allowed on {}.", req.method(), req.uri().path()),
+    );
+    let mut response = ApiError(err).into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
+/// Header conventions of HTTP binding §3.2 and §6.5 on every response, the request id in
+/// error bodies, one log line per server error, and request metrics.
+async fn conventions(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 200)
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("req_{}", Uuid::now_v7()));
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = req.method().clone();
+    let version = req
+        .headers()
+        .get("ojs-version")
+        .map(|v| v.to_str().unwrap_or("?").trim().to_owned());
+
+    let mut response = match version.as_deref() {
+        None | Some("1" | "1.0" | "1.0.0-rc.1") => next.run(req).await,
+        Some(other) => ApiError(OjsError::new(
+            ErrorCode::Unsupported,
+            format!("OJS-Version {other:?} is not supported; this server speaks 1.0."),
+        ))
+        .into_response(),
+    };
+    if let Some(err) = response.extensions_mut().remove::<OjsError>() {
+        if response.status().is_server_error() {
+            error!(request_id = %request_id, %method, route = %route, error = %err, "request failed");
+        }
+        let status = response.status();
+        let mut rendered = respond(status, &error::body(&err, Some(&request_id)));
+        std::mem::swap(response.body_mut(), rendered.body_mut());
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+    }
+    let headers = response.headers_mut();
+    headers.insert("ojs-version", HeaderValue::from_static("1.0"));
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        headers.insert("x-request-id", v);
+    }
+    state.metrics.observe_request(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// Reads a path id as a job id: lowercase on output, anything else is simply not found.
+fn job_id(raw: &str) -> String {
+    crate::domain::envelope::parse_job_id(raw).unwrap_or_else(|| raw.to_owned())
+}

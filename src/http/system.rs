@@ -1,0 +1,76 @@
+//! Health, manifest and metrics (HTTP binding §8, §21).
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{respond, SharedState};
+
+/// 200 while NATS answers, 503 otherwise (the load balancer's signal).
+pub async fn health(State(state): State<SharedState>) -> Response {
+    let uptime = state.started.elapsed().as_secs();
+    match state.store.ping().await {
+        Ok(latency) => respond(
+            StatusCode::OK,
+            &json!({
+                "status": "ok",
+                "version": "1.0",
+                "uptime_seconds": uptime,
+                "backend": {"type": "nats", "status": "connected", "latency_ms": latency.as_millis() as u64},
+            }),
+        ),
+        Err(err) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "status": "degraded",
+                "version": "1.0",
+                "uptime_seconds": uptime,
+                "backend": {"type": "nats", "status": "disconnected", "error": err.message},
+            }),
+        ),
+    }
+}
+
+/// What this server implements. Claims only what its tests and the conformance suite show.
+pub async fn manifest() -> Response {
+    respond(
+        StatusCode::OK,
+        &json!({
+            "ojs_version": "1.0",
+            "specversion": "1.0",
+            "implementation": {"name": "ojs-jetstream", "version": env!("CARGO_PKG_VERSION"), "language": "rust"},
+            "conformance_level": 0,
+            "conformance_tier": "runtime",
+            "protocols": ["http"],
+            "backend": "nats-jetstream",
+            "capabilities": {
+                "batch_enqueue": true,
+                "cron_jobs": false,
+                "dead_letter": false,
+                "delayed_jobs": false,
+                "job_ttl": false,
+                "priority_queues": true,
+                "rate_limiting": false,
+                "schema_validation": false,
+                "unique_jobs": false,
+                "workflows": false,
+                "pause_resume": false,
+                "events": true,
+            },
+            "event_delivery": "at-least-once; ids are stable, duplicates within two minutes are dropped by the events stream",
+            "extensions": {"official": []},
+            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "events": "/ojs/v1/events"},
+        }),
+    )
+}
+
+/// Prometheus text format.
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}

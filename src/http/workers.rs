@@ -1,0 +1,226 @@
+//! The worker side of the binding: FETCH, ACK and FAIL (HTTP binding §10).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use super::extract::JsonObject;
+use super::{respond, ApiError, SharedState};
+use crate::domain::envelope::{parse_job_id, validate_queue};
+use crate::domain::error::OjsError;
+use crate::domain::lifecycle::Failure;
+use crate::domain::time;
+use crate::store::FetchRequest;
+
+/// Most jobs one FETCH may claim.
+const MAX_FETCH: u64 = 1000;
+
+pub async fn fetch(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let queues = match body.get("queues") {
+        Some(Value::Array(list)) if !list.is_empty() => list
+            .iter()
+            .map(|q| {
+                let q = q.as_str().ok_or_else(|| {
+                    OjsError::invalid("queues", "queues must be an array of queue names.")
+                })?;
+                validate_queue(q)?;
+                Ok(q.to_owned())
+            })
+            .collect::<Result<Vec<_>, OjsError>>()?,
+        _ => {
+            return Err(OjsError::invalid(
+                "queues",
+                "Missing required field 'queues' (a non-empty array of queue names).",
+            )
+            .into())
+        }
+    };
+    let count = match body.get("count") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (1..=MAX_FETCH).contains(n))
+            .ok_or_else(|| {
+                OjsError::invalid(
+                    "count",
+                    format!("count must be an integer from 1 to {MAX_FETCH}, got {v}."),
+                )
+            })?,
+    };
+    let visibility = match body.get("visibility_timeout_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Duration::from_millis(
+            v.as_u64().filter(|ms| *ms > 0).ok_or_else(|| {
+                OjsError::invalid(
+                    "visibility_timeout_ms",
+                    format!("visibility_timeout_ms must be a positive integer, got {v}."),
+                )
+            })?,
+        )),
+    };
+    let req = FetchRequest {
+        queues,
+        count: count as usize,
+        worker_id: optional_string(&body, "worker_id")?,
+        visibility,
+    };
+    // A spawned task finishes its claims even if the client goes away mid-request, so no
+    // delivered message is left unsettled.
+    let store = state.store.clone();
+    let jobs = tokio::spawn(async move { store.fetch(&req).await })
+        .await
+        .map_err(|e| OjsError::backend(format!("fetch task failed: {e}")))??;
+    Ok(respond(StatusCode::OK, &json!({ "jobs": jobs })))
+}
+
+pub async fn ack(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let id = required_job_id(&body)?;
+    let worker_id = optional_string(&body, "worker_id")?;
+    let result = body.get("result").cloned();
+    let settled = state.store.ack(&id, worker_id.as_deref(), result).await?;
+    let job = settled.after.job;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "acknowledged": true,
+            "id": job.id,
+            "job_id": job.id,
+            "state": job.state,
+            "completed_at": job.completed_at.map(time::format),
+            "job": job,
+        }),
+    ))
+}
+
+/// FAIL; `requeue: true` puts the job straight back (digest §5 #22).
+pub async fn fail(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let id = required_job_id(&body)?;
+    let worker_id = optional_string(&body, "worker_id")?;
+    let failure = parse_failure(&body)?;
+    let requeue = match body.get("requeue") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(OjsError::invalid(
+                "requeue",
+                format!("requeue must be a boolean, got {v}."),
+            )
+            .into())
+        }
+    };
+    let settled = state
+        .store
+        .fail(&id, worker_id.as_deref(), &failure, requeue)
+        .await?;
+    let job = settled.after.job;
+    let mut out = json!({
+        "id": job.id,
+        "job_id": job.id,
+        "state": job.state,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+    });
+    if let Some(at) = job.next_attempt_at {
+        out["next_attempt_at"] = json!(time::format(at));
+        out["retry_delay_ms"] = json!(job.retry_delay_ms);
+    }
+    for (key, at) in [
+        ("completed_at", job.completed_at),
+        ("discarded_at", job.discarded_at),
+    ] {
+        if let Some(at) = at {
+            out[key] = json!(time::format(at));
+        }
+    }
+    out["job"] = serde_json::to_value(&job).expect("jobs serialize");
+    Ok(respond(StatusCode::OK, &out))
+}
+
+/// The `error` object of a FAIL (core §8): `message` required, `code` defaults to
+/// `handler_error`, `retryable` to true.
+fn parse_failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
+    let Some(Value::Object(e)) = body.get("error") else {
+        return Err(OjsError::invalid(
+            "error",
+            "Missing required field 'error' (an object with code and message).",
+        ));
+    };
+    let text = |key: &str| -> Result<Option<String>, OjsError> {
+        match e.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(OjsError::invalid(
+                &format!("error.{key}"),
+                format!("error.{key} must be a string, got {v}."),
+            )),
+        }
+    };
+    let message = text("message")?.ok_or_else(|| {
+        OjsError::invalid("error.message", "Missing required field 'error.message'.")
+    })?;
+    let retryable = match e.get("retryable") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(OjsError::invalid(
+                "error.retryable",
+                format!("error.retryable must be a boolean, got {v}."),
+            ))
+        }
+    };
+    let details = match e.get("details") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(v) => {
+            return Err(OjsError::invalid(
+                "error.details",
+                format!("error.details must be an object, got {v}."),
+            ))
+        }
+    };
+    Ok(Failure {
+        code: text("code")?.unwrap_or_else(|| "handler_error".into()),
+        message,
+        retryable,
+        error_type: text("type")?,
+        details,
+        backtrace: e.get("backtrace").filter(|v| !v.is_null()).cloned(),
+    })
+}
+
+fn required_job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
+    match body.get("job_id") {
+        Some(Value::String(s)) => Ok(parse_job_id(s).unwrap_or_else(|| s.clone())),
+        None | Some(Value::Null) => Err(OjsError::invalid(
+            "job_id",
+            "Missing required field 'job_id'.",
+        )),
+        Some(v) => Err(OjsError::invalid(
+            "job_id",
+            format!("job_id must be a string, got {v}."),
+        )),
+    }
+}
+
+fn optional_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, OjsError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(v) => Err(OjsError::invalid(
+            key,
+            format!("{key} must be a non-empty string, got {v}."),
+        )),
+    }
+}

@@ -1,0 +1,254 @@
+//! The events stream: publishing the events of job writes (by the coordinator's event
+//! publisher), and paging through them for `GET /ojs/v1/events` (events seed §6.4).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::message::PublishMessage;
+use futures::future::join_all;
+use futures::StreamExt;
+
+use super::error::backend;
+use super::Store;
+use crate::domain::error::OjsError;
+use crate::domain::event::Event;
+use crate::domain::job::JobRecord;
+
+/// Events read at most per query, so a selective filter cannot make one request scan the
+/// whole stream; the cursor continues where the scan stopped.
+const SCAN_LIMIT: usize = 10_000;
+const BATCH: usize = 256;
+
+/// Filters of the events endpoint. Empty lists match everything.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    pub types: Vec<String>,
+    pub queues: Vec<String>,
+    pub job_types: Vec<String>,
+    /// Stream sequence to continue after (the previous page's cursor).
+    pub after: Option<u64>,
+    pub limit: usize,
+}
+
+impl EventQuery {
+    fn matches(&self, e: &Event) -> bool {
+        let has = |list: &[String], v: Option<&str>| {
+            list.is_empty() || v.is_some_and(|v| list.iter().any(|x| x == v))
+        };
+        has(&self.types, Some(&e.event_type))
+            && has(&self.queues, e.queue())
+            && has(
+                &self.job_types,
+                e.data.get("job_type").and_then(|v| v.as_str()),
+            )
+    }
+}
+
+/// One page of events, oldest first.
+#[derive(Debug, Clone)]
+pub struct EventPage {
+    pub events: Vec<Event>,
+    /// Where the next page starts; absent when nothing was read.
+    pub cursor: Option<u64>,
+    pub has_more: bool,
+}
+
+impl Store {
+    /// Event `source` of this gateway.
+    pub fn event_source(&self) -> &str {
+        &self.inner.source
+    }
+
+    /// Publishes events in order, waiting for every acknowledgement. Event ids are the
+    /// `Nats-Msg-Id`s, so publishing the same event again within the duplicate window is
+    /// dropped by the stream.
+    ///
+    /// # Errors
+    /// When a publish is not acknowledged.
+    pub async fn publish_events(&self, events: &[Event]) -> Result<(), OjsError> {
+        let mut acks = Vec::with_capacity(events.len());
+        for event in events {
+            let body = serde_json::to_vec(event).expect("events serialize");
+            let ack = self
+                .inner
+                .js
+                .send_publish(
+                    self.inner.topology.event_subject(&event.event_type),
+                    PublishMessage::build()
+                        .payload(body.into())
+                        .message_id(&event.id),
+                )
+                .await
+                .map_err(backend("publishing an event"))?;
+            acks.push(ack);
+        }
+        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
+            ack.map_err(backend("publishing an event"))?;
+        }
+        Ok(())
+    }
+
+    /// A page of events matching `q`, oldest first.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn query_events(&self, q: &EventQuery) -> Result<EventPage, OjsError> {
+        let filter_subject = match q.types.as_slice() {
+            [only] => self.inner.topology.event_subject(only),
+            _ => String::new(),
+        };
+        let consumer: PullConsumer = self
+            .inner
+            .events
+            .create_consumer(pull::Config {
+                deliver_policy: match q.after {
+                    Some(seq) => DeliverPolicy::ByStartSequence {
+                        start_sequence: seq + 1,
+                    },
+                    None => DeliverPolicy::All,
+                },
+                filter_subject,
+                ack_policy: AckPolicy::Explicit,
+                max_ack_pending: 100_000,
+                inactive_threshold: Duration::from_secs(10),
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend("opening the events stream"))?;
+        let mut page = EventPage {
+            events: Vec::new(),
+            cursor: q.after,
+            has_more: false,
+        };
+        let mut scanned = 0;
+        'scan: while scanned < SCAN_LIMIT {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(BATCH)
+                .messages()
+                .await
+                .map_err(backend("reading events"))?;
+            let mut delivered = 0;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(backend("reading events"))?;
+                delivered += 1;
+                scanned += 1;
+                let Ok(info) = msg.info() else { continue };
+                page.cursor = Some(info.stream_sequence);
+                page.has_more = info.pending > 0;
+                if let Ok(event) = serde_json::from_slice::<Event>(&msg.payload) {
+                    if q.matches(&event) {
+                        page.events.push(event);
+                        if page.events.len() >= q.limit {
+                            break 'scan;
+                        }
+                    }
+                }
+            }
+            if delivered < BATCH {
+                break;
+            }
+        }
+        let name = consumer.cached_info().name.clone();
+        let events = self.inner.events.clone();
+        tokio::spawn(async move {
+            let _ = events.delete_consumer(&name).await;
+        });
+        Ok(page)
+    }
+}
+
+/// The feed of job-record writes, in bucket order, for the event publisher. Each write is
+/// acknowledged only after its events are stored, so none is skipped across a crash.
+pub struct JobWrites {
+    messages: futures::stream::BoxStream<
+        'static,
+        Vec<
+            Result<
+                async_nats::jetstream::Message,
+                async_nats::jetstream::consumer::pull::MessagesError,
+            >,
+        >,
+    >,
+}
+
+/// One write of a job record: the record (absent for deletions) and its revision.
+pub struct JobWrite {
+    pub record: Option<JobRecord>,
+    pub revision: u64,
+    msg: async_nats::jetstream::Message,
+}
+
+impl Store {
+    /// Opens the durable feed of job writes.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub async fn job_writes(&self) -> Result<JobWrites, OjsError> {
+        let t = &self.inner.topology;
+        let stream = self
+            .inner
+            .js
+            .get_stream(format!("KV_{}", t.jobs_bucket()))
+            .await
+            .map_err(backend("opening the jobs stream"))?;
+        let consumer: PullConsumer = stream
+            .get_or_create_consumer(&t.event_publisher_consumer(), t.event_publisher_config())
+            .await
+            .map_err(backend("opening the job-write feed"))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(backend("reading the job-write feed"))?;
+        Ok(JobWrites {
+            messages: messages.ready_chunks(BATCH).boxed(),
+        })
+    }
+}
+
+impl JobWrites {
+    /// The writes that are ready now (at least one; waits for it). `None` when the feed ended.
+    pub async fn next_batch(&mut self) -> Option<Vec<JobWrite>> {
+        let chunk = self.messages.next().await?;
+        Some(
+            chunk
+                .into_iter()
+                .filter_map(|m| match m {
+                    Ok(msg) => Some(msg),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "job-write feed error");
+                        None
+                    }
+                })
+                .filter_map(|msg| {
+                    let revision = msg.info().ok()?.stream_sequence;
+                    let is_put = msg
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("KV-Operation"))
+                        .is_none();
+                    let record = if is_put {
+                        serde_json::from_slice(&msg.payload).ok()
+                    } else {
+                        None
+                    };
+                    Some(JobWrite {
+                        record,
+                        revision,
+                        msg,
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+impl JobWrite {
+    /// Marks the write as handled.
+    pub async fn done(&self) {
+        if let Err(err) = self.msg.ack().await {
+            tracing::warn!(error = %err, "could not acknowledge a job write");
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! PUSH, FETCH, ACK, FAIL, CANCEL, ACTIVATE and INFO over JetStream. The order of NATS calls
+//! in each operation, and what a crash between two of them leaves, is written down in
+//! docs/architecture.md ("Operations"); the code follows it step by step.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_nats::jetstream::{context::PublishAckFuture, kv, message::PublishMessage, AckKind};
+use chrono::{DateTime, Utc};
+use futures::future::join_all;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::{debug, warn};
+
+use super::error::backend;
+use super::Store;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::{Job, JobRecord, Transition};
+use crate::domain::lifecycle::{self, Failure};
+use crate::domain::state::JobState;
+
+/// A queue message whose job record does not show up within this time came from an enqueue
+/// that died between its two writes (or was rolled back); it is dropped.
+const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+/// Compare-and-set attempts before an operation gives up under contention.
+const MAX_CAS_ATTEMPTS: usize = 16;
+
+/// The body of a queue message: which job, and which dispatch of it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Dispatch {
+    id: String,
+    dispatch: u64,
+}
+
+/// A FETCH (core §7.2).
+#[derive(Debug, Clone)]
+pub struct FetchRequest {
+    /// Queues in the order to try them.
+    pub queues: Vec<String>,
+    pub count: usize,
+    pub worker_id: Option<String>,
+    /// Reservation for these jobs; else the job's own, else the server default.
+    pub visibility: Option<Duration>,
+}
+
+/// The record before and after a settling operation (ACK, FAIL, CANCEL).
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub before: JobRecord,
+    pub after: JobRecord,
+}
+
+impl Store {
+    /// PUSH one or more jobs, all or none (core §7.1). Messages first, then the records: a
+    /// message without a record is dropped by FETCH, so no accepted job can be left
+    /// without a message.
+    ///
+    /// # Errors
+    /// 409 `duplicate` when an id exists (nothing of the batch stays), 413 for an envelope
+    /// over the server's payload limit, `backend_error` when NATS fails.
+    pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Vec<Job>, OjsError> {
+        let now = Utc::now();
+        let records: Vec<JobRecord> = jobs
+            .into_iter()
+            .map(|job| JobRecord {
+                dispatch: u64::from(job.state == JobState::Available),
+                holder: None,
+                transition: Transition::Created,
+                job,
+            })
+            .collect();
+        let mut encoded = Vec::with_capacity(records.len());
+        for (index, rec) in records.iter().enumerate() {
+            let bytes = rec.to_bytes();
+            if bytes.len() > self.inner.max_record_bytes {
+                return Err(OjsError::new(
+                    ErrorCode::EnvelopeTooLarge,
+                    format!(
+                        "The job at index {index} is {} bytes; the limit is {} bytes.",
+                        bytes.len(),
+                        self.inner.max_record_bytes
+                    ),
+                )
+                .with_detail("index", index)
+                .with_detail("max_bytes", self.inner.max_record_bytes));
+            }
+            encoded.push(bytes);
+        }
+
+        let lanes: BTreeSet<(&str, i32)> = records
+            .iter()
+            .filter(|r| r.dispatch > 0)
+            .map(|r| (r.job.queue.as_str(), r.job.priority))
+            .collect();
+        for (queue, priority) in lanes {
+            self.inner.queues.ensure(queue, priority, now).await?;
+        }
+
+        let mut acks = Vec::new();
+        for rec in records.iter().filter(|r| r.dispatch > 0) {
+            acks.push(self.send_dispatch(rec).await?);
+        }
+        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
+            ack.map_err(backend("publishing a job to its queue"))?;
+        }
+
+        let creates = records
+            .iter()
+            .zip(encoded)
+            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.into()));
+        let results = join_all(creates).await;
+        if let Some((index, err)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+        {
+            let error = if err.kind() == kv::CreateErrorKind::AlreadyExists {
+                let id = &records[index].job.id;
+                OjsError::new(
+                    ErrorCode::Duplicate,
+                    format!("A job with id '{id}' already exists."),
+                )
+                .with_detail("job_id", id.as_str())
+                .with_detail("index", index)
+            } else {
+                OjsError::backend(format!("NATS failed while creating a job record: {err}"))
+            };
+            self.roll_back(&records, &results).await;
+            return Err(error);
+        }
+        Ok(records.into_iter().map(|r| r.job).collect())
+    }
+
+    /// Removes the records a failed batch did create; their queue messages become orphans
+    /// that FETCH drops.
+    async fn roll_back(&self, records: &[JobRecord], results: &[Result<u64, kv::CreateError>]) {
+        for (rec, result) in records.iter().zip(results) {
+            if result.is_ok() {
+                if let Err(err) = self.inner.jobs.purge(&rec.job.id).await {
+                    warn!(job_id = %rec.job.id, error = %err, "could not roll back a job of a failed batch");
+                }
+            }
+        }
+    }
+
+    /// Publishes the queue message of the record's current dispatch; `Nats-Msg-Id` makes a
+    /// repeated publish of the same dispatch a no-op.
+    async fn send_dispatch(&self, rec: &JobRecord) -> Result<PublishAckFuture, OjsError> {
+        let t = &self.inner.topology;
+        let body = serde_json::to_vec(&Dispatch {
+            id: rec.job.id.clone(),
+            dispatch: rec.dispatch,
+        })
+        .expect("dispatch serializes");
+        self.inner
+            .js
+            .send_publish(
+                t.queue_subject(&rec.job.queue, rec.job.priority),
+                PublishMessage::build()
+                    .payload(body.into())
+                    .message_id(format!("{}.{}", rec.job.id, rec.dispatch)),
+            )
+            .await
+            .map_err(backend("publishing a job to its queue"))
+    }
+
+    /// INFO (core §7.7).
+    ///
+    /// # Errors
+    /// 404 for an unknown id.
+    pub async fn info(&self, id: &str) -> Result<Job, OjsError> {
+        match self.read(id).await? {
+            Some((rec, _)) => Ok(rec.job),
+            None => Err(OjsError::not_found("job", id)),
+        }
+    }
+
+    /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
+    /// priority; each job claimed by one compare-and-set on its record.
+    ///
+    /// # Errors
+    /// `backend_error` when NATS fails before anything was claimed.
+    pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
+        let mut claimed = Vec::new();
+        let mut failure = None;
+        for queue in &req.queues {
+            let Some(meta) = self.inner.queues.lookup(queue).await? else {
+                continue;
+            };
+            if meta.paused {
+                continue;
+            }
+            for priority in meta.priorities {
+                let puller = self.inner.queues.puller(queue, priority).await?;
+                loop {
+                    let need = req.count.saturating_sub(claimed.len());
+                    if need == 0 {
+                        return Ok(claimed);
+                    }
+                    if failure.is_some() {
+                        break;
+                    }
+                    let delivered = puller.pull(need).await;
+                    if delivered.is_empty() {
+                        break;
+                    }
+                    for msg in delivered {
+                        match self.claim(&msg, req).await {
+                            Ok(Some(job)) => claimed.push(job),
+                            Ok(None) => {}
+                            // Released for another fetch; reported only if nothing was claimed.
+                            Err(err) => {
+                                settle(&msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                                failure.get_or_insert(err);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(err) if claimed.is_empty() => Err(err),
+            _ => Ok(claimed),
+        }
+    }
+
+    /// Claims the job a delivered queue message points to, or settles the message when it
+    /// is stale. `None` when nothing was claimed.
+    async fn claim(
+        &self,
+        msg: &async_nats::jetstream::Message,
+        req: &FetchRequest,
+    ) -> Result<Option<Job>, OjsError> {
+        let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
+            warn!(subject = %msg.subject, "dropping an unreadable queue message");
+            settle(msg, AckKind::Term).await;
+            return Ok(None);
+        };
+        let Some(reply) = msg.reply.as_ref().map(|r| r.to_string()) else {
+            return Ok(None);
+        };
+        let age = msg
+            .info()
+            .map(|i| {
+                let published = i.published.unix_timestamp_nanos() / 1_000_000;
+                Utc::now().timestamp_millis() as i128 - published
+            })
+            .unwrap_or_default();
+        let orphan_age_passed = age > ORPHAN_GRACE.as_millis() as i128;
+
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            let Some((rec, revision)) = self.read(&d.id).await? else {
+                // The enqueue that published this message may still be creating the record.
+                if attempt < 3 && !orphan_age_passed {
+                    tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                    continue;
+                }
+                let kind = if orphan_age_passed {
+                    AckKind::Term
+                } else {
+                    AckKind::Nak(Some(Duration::from_secs(1)))
+                };
+                settle(msg, kind).await;
+                return Ok(None);
+            };
+            if rec.dispatch != d.dispatch {
+                // Older: superseded by a later dispatch. Newer: the write that goes with
+                // this message has not landed yet (or never will).
+                let kind = if rec.dispatch > d.dispatch || orphan_age_passed {
+                    AckKind::Ack
+                } else {
+                    AckKind::Nak(Some(Duration::from_millis(200)))
+                };
+                settle(msg, kind).await;
+                return Ok(None);
+            }
+            let now = Utc::now();
+            let visibility = req
+                .visibility
+                .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
+                .unwrap_or(self.inner.visibility_timeout);
+            let next = match rec.job.state {
+                JobState::Available => {
+                    lifecycle::claim(&rec, now, req.worker_id.as_deref(), &reply, visibility)?
+                }
+                JobState::Active => match &rec.holder {
+                    Some(h) if h.visible_until > now => lifecycle::redelivered(&rec, &reply),
+                    _ => match lifecycle::lapse(&rec, now) {
+                        lapsed if lapsed.job.state == JobState::Available => lifecycle::claim(
+                            &lapsed,
+                            now,
+                            req.worker_id.as_deref(),
+                            &reply,
+                            visibility,
+                        )?,
+                        discarded => discarded,
+                    },
+                },
+                // Cancelled, finished or waiting for a later dispatch: this message is spent.
+                _ => {
+                    settle(msg, AckKind::Ack).await;
+                    return Ok(None);
+                }
+            };
+            if self.write(&d.id, &next, revision).await?.is_none() {
+                continue;
+            }
+            return Ok(match next.job.state {
+                JobState::Active if next.transition == Transition::Redelivered => {
+                    settle(msg, AckKind::Progress).await;
+                    None
+                }
+                JobState::Active => Some(next.job),
+                _ => {
+                    settle(msg, AckKind::Ack).await;
+                    None
+                }
+            });
+        }
+        debug!(job_id = %d.id, "claim lost every compare-and-set; leaving the message for later");
+        settle(msg, AckKind::Nak(Some(Duration::from_millis(100)))).await;
+        Ok(None)
+    }
+
+    /// ACK (core §7.3).
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not active or held by another worker.
+    pub async fn ack(
+        &self,
+        id: &str,
+        worker_id: Option<&str>,
+        result: Option<Value>,
+    ) -> Result<Settled, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| {
+                lifecycle::complete(rec, now, worker_id, result.clone()).map(Some)
+            })
+            .await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// FAIL (core §7.4).
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not active or held by another worker.
+    pub async fn fail(
+        &self,
+        id: &str,
+        worker_id: Option<&str>,
+        failure: &Failure,
+        requeue: bool,
+    ) -> Result<Settled, OjsError> {
+        let jitter = rand::random_range(0.5..1.5);
+        let settled = self
+            .transition(id, |rec, now| {
+                lifecycle::fail(rec, now, worker_id, failure, requeue, jitter).map(Some)
+            })
+            .await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// CANCEL (core §7.6). Cancelling a cancelled job changes nothing.
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 for a completed or discarded job.
+    pub async fn cancel(&self, id: &str) -> Result<Settled, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| lifecycle::cancel(rec, now))
+            .await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// ACTIVATE (HTTP binding §9.5): a pending job becomes available.
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not pending.
+    pub async fn activate(&self, id: &str) -> Result<Job, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| lifecycle::activate(rec, now).map(Some))
+            .await?;
+        Ok(settled.after.job)
+    }
+
+    /// Reads, decides with `decide`, writes with a revision check, and retries the whole
+    /// decision when another writer came first. A decision that makes the job available
+    /// under a new dispatch publishes that dispatch's message before the record changes, and
+    /// one that makes it wait publishes its timer first.
+    pub(super) async fn transition<F>(&self, id: &str, decide: F) -> Result<Settled, OjsError>
+    where
+        F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
+    {
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let Some((before, revision)) = self.read(id).await? else {
+                return Err(OjsError::not_found("job", id));
+            };
+            let Some(after) = decide(&before, Utc::now())? else {
+                return Ok(Settled {
+                    after: before.clone(),
+                    before,
+                });
+            };
+            if after.job.state == JobState::Available && after.dispatch > before.dispatch {
+                self.inner
+                    .queues
+                    .ensure(&after.job.queue, after.job.priority, Utc::now())
+                    .await?;
+                self.send_dispatch(&after)
+                    .await?
+                    .await
+                    .map_err(backend("publishing a job to its queue"))?;
+            }
+            if let (JobState::Retryable, Some(due)) = (after.job.state, after.job.next_attempt_at) {
+                if before.job.state != JobState::Retryable {
+                    self.send_timer(&after, due)
+                        .await?
+                        .await
+                        .map_err(backend("publishing a timer"))?;
+                }
+            }
+            if self.write(id, &after, revision).await?.is_some() {
+                return Ok(Settled { before, after });
+            }
+        }
+        Err(OjsError::new(
+            ErrorCode::Conflict,
+            format!("Job '{id}' is changing too fast; retry."),
+        ))
+    }
+
+    /// After a job leaves `active`, its queue message is acknowledged through the subject
+    /// stored at claim time — from whichever replica runs this. Best effort: a lost ack
+    /// only means JetStream redelivers the message later, and FETCH drops it as spent.
+    async fn release(&self, settled: &Settled) {
+        let Some(holder) = &settled.before.holder else {
+            return;
+        };
+        if settled.after.holder.is_some() {
+            return;
+        }
+        if let Err(err) = self
+            .inner
+            .client
+            .publish(holder.ack_subject.clone(), "+ACK".into())
+            .await
+        {
+            warn!(job_id = %settled.after.job.id, error = %err, "could not acknowledge a settled job's message");
+        }
+    }
+
+    /// The record and its revision; `None` for unknown or removed ids.
+    async fn read(&self, id: &str) -> Result<Option<(JobRecord, u64)>, OjsError> {
+        if crate::domain::envelope::parse_job_id(id).is_none() {
+            return Ok(None);
+        }
+        let entry = self
+            .inner
+            .jobs
+            .entry(id)
+            .await
+            .map_err(backend("reading a job"))?;
+        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            return Ok(None);
+        };
+        let rec = serde_json::from_slice(&entry.value)
+            .map_err(|err| OjsError::backend(format!("job record {id} is unreadable: {err}")))?;
+        Ok(Some((rec, entry.revision)))
+    }
+
+    /// Writes `rec` if the record is still at `revision`. `None` when another writer won.
+    async fn write(
+        &self,
+        id: &str,
+        rec: &JobRecord,
+        revision: u64,
+    ) -> Result<Option<u64>, OjsError> {
+        match self
+            .inner
+            .jobs
+            .update(id, rec.to_bytes().into(), revision)
+            .await
+        {
+            Ok(rev) => Ok(Some(rev)),
+            Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(err) => Err(OjsError::backend(format!(
+                "NATS failed while writing a job: {err}"
+            ))),
+        }
+    }
+}
+
+/// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.
+async fn settle(msg: &async_nats::jetstream::Message, kind: AckKind) {
+    if let Err(err) = msg.ack_with(kind).await {
+        warn!(error = %err, "could not settle a queue message");
+    }
+}

@@ -1,0 +1,71 @@
+//! A leader lease in the leases bucket: written with create / update-by-revision, expired by
+//! the bucket's max age when its holder stops renewing it. No clocks are compared.
+
+use async_nats::jetstream::kv;
+use tracing::debug;
+
+use super::Store;
+
+/// One named lease, as seen by one contender.
+pub struct Lease {
+    kv: kv::Store,
+    key: String,
+    holder: String,
+    /// The revision of our last successful write, while we hold the lease.
+    revision: Option<u64>,
+}
+
+impl Store {
+    /// A contender for the lease `name`, identifying itself as `holder`.
+    pub fn lease(&self, name: &str, holder: &str) -> Lease {
+        Lease {
+            kv: self.inner.leases.clone(),
+            key: name.to_owned(),
+            holder: holder.to_owned(),
+            revision: None,
+        }
+    }
+}
+
+impl Lease {
+    /// Acquires the lease if it is free, or renews it if we hold it. `true` while we hold it.
+    /// Any failure counts as not holding: a holder that cannot renew must step down.
+    pub async fn try_hold(&mut self) -> bool {
+        let value = self.holder.clone().into_bytes().into();
+        let result = match self.revision {
+            Some(rev) => self
+                .kv
+                .update(&self.key, value, rev)
+                .await
+                .map_err(|e| e.to_string()),
+            None => self
+                .kv
+                .create(&self.key, value)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(rev) => {
+                self.revision = Some(rev);
+                true
+            }
+            Err(err) => {
+                if self.revision.take().is_some() {
+                    debug!(lease = %self.key, error = %err, "lost the lease");
+                }
+                false
+            }
+        }
+    }
+
+    /// Gives the lease up at once, so another replica need not wait for it to expire.
+    pub async fn release(&mut self) {
+        if let Some(rev) = self.revision.take() {
+            let _ = self.kv.purge_expect_revision(&self.key, Some(rev)).await;
+        }
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.revision.is_some()
+    }
+}

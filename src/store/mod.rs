@@ -1,0 +1,227 @@
+//! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
+//! handle shared by the HTTP handlers and the coordinator.
+
+mod error;
+mod events;
+mod jobs;
+mod lease;
+mod puller;
+mod queues;
+mod timers;
+pub mod topology;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv, stream::StorageType};
+use futures::StreamExt;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::domain::error::OjsError;
+
+pub use error::backend;
+pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
+pub use jobs::{FetchRequest, Settled};
+pub use lease::Lease;
+use queues::QueueRegistry;
+pub use timers::{PendingTimer, Timer, TimerFeed};
+pub use topology::Topology;
+
+/// Handle to every stream and bucket ojs-jetstream uses.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    topology: Topology,
+    jobs: kv::Store,
+    leases: kv::Store,
+    queues: QueueRegistry,
+    /// The events stream, for queries.
+    events: jetstream::stream::Stream,
+    /// Event `source` URI of this gateway.
+    source: String,
+    /// Default reservation of a fetched job.
+    visibility_timeout: Duration,
+    /// Largest job record this store will write.
+    max_record_bytes: usize,
+}
+
+impl Store {
+    /// Connects to NATS and creates or updates every stream, consumer and bucket. Idempotent:
+    /// several replicas may start at once.
+    ///
+    /// # Errors
+    /// When NATS is unreachable or refuses the topology.
+    pub async fn connect(cfg: &Config) -> Result<Store, OjsError> {
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("{} gateway", cfg.service_name))
+            .request_timeout(Some(Duration::from_millis(cfg.nats_timeout_ms)))
+            .retry_on_initial_connect()
+            .connect(cfg.nats_url.as_str())
+            .await
+            .map_err(backend("connecting"))?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_millis(cfg.nats_timeout_ms))
+            .build(client.clone());
+        let topology = Topology {
+            namespace: cfg.namespace.clone(),
+            replicas: cfg.replicas,
+            storage: if cfg.storage == "memory" {
+                StorageType::Memory
+            } else {
+                StorageType::File
+            },
+            ack_wait: Duration::from_secs(cfg.ack_wait_secs),
+            job_history: cfg.job_history,
+            events_max_age: Duration::from_secs(cfg.events_max_age_secs),
+            lease_ttl: cfg.lease_ttl(),
+        };
+        let started = Instant::now();
+        let jobs = ensure_bucket(
+            &js,
+            &topology,
+            &topology.jobs_bucket(),
+            topology.job_history,
+            Duration::ZERO,
+        )
+        .await?;
+        let queues_kv =
+            ensure_bucket(&js, &topology, &topology.queues_bucket(), 1, Duration::ZERO).await?;
+        let leases = ensure_bucket(
+            &js,
+            &topology,
+            &topology.leases_bucket(),
+            1,
+            topology.lease_ttl,
+        )
+        .await?;
+        let events = ensure_stream(&js, topology.events_stream_config()).await?;
+        ensure_stream(&js, topology.timers_stream_config()).await?;
+        let server_max = client.server_info().max_payload;
+        let queues =
+            QueueRegistry::start(client.clone(), js.clone(), topology.clone(), queues_kv).await?;
+        info!(elapsed_ms = started.elapsed().as_millis() as u64, namespace = %topology.namespace, "JetStream topology ready");
+        Ok(Store {
+            inner: Arc::new(Inner {
+                client,
+                js,
+                topology,
+                jobs,
+                leases,
+                queues,
+                events,
+                source: format!("ojs://{}/api", cfg.service_name),
+                visibility_timeout: cfg.visibility_timeout(),
+                // Leave room for the record's own fields around the client's envelope.
+                max_record_bytes: server_max.saturating_sub(4096),
+            }),
+        })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    /// The largest envelope a job may have, given the NATS server's payload limit.
+    pub fn max_record_bytes(&self) -> usize {
+        self.inner.max_record_bytes
+    }
+
+    /// Round trip to the NATS server, for health checks.
+    ///
+    /// # Errors
+    /// When the connection is down or the server does not answer in time.
+    pub async fn ping(&self) -> Result<Duration, OjsError> {
+        if self.inner.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(OjsError::new(
+                crate::domain::error::ErrorCode::BackendUnavailable,
+                "Not connected to NATS.",
+            ));
+        }
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(2), self.inner.client.flush())
+            .await
+            .map_err(|_| {
+                OjsError::new(
+                    crate::domain::error::ErrorCode::BackendUnavailable,
+                    "NATS did not answer in time.",
+                )
+            })?
+            .map_err(backend("pinging"))?;
+        Ok(started.elapsed())
+    }
+
+    /// Wipes all OJS data of this namespace (conformance runs) and tells every replica.
+    ///
+    /// # Errors
+    /// When a purge fails.
+    pub async fn reset(&self) -> Result<(), OjsError> {
+        let t = &self.inner.topology;
+        let mut names = self.inner.js.stream_names();
+        let mut streams = vec![
+            format!("KV_{}", t.jobs_bucket()),
+            format!("KV_{}", t.queues_bucket()),
+            t.events_stream(),
+            t.timers_stream(),
+        ];
+        while let Some(name) = names.next().await {
+            let name = name.map_err(backend("listing streams"))?;
+            if name.starts_with(&t.queue_stream_prefix()) {
+                streams.push(name);
+            }
+        }
+        for name in streams {
+            let stream = self
+                .inner
+                .js
+                .get_stream(&name)
+                .await
+                .map_err(backend("finding a stream to purge"))?;
+            stream.purge().await.map_err(backend("purging a stream"))?;
+        }
+        self.inner.queues.clear();
+        self.inner
+            .client
+            .publish(t.reset_subject(), bytes::Bytes::new())
+            .await
+            .map_err(backend("announcing the reset"))?;
+        info!(namespace = %t.namespace, "all OJS data was reset");
+        Ok(())
+    }
+}
+
+/// Creates a stream, or updates it to `config` if it exists.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    config: jetstream::stream::Config,
+) -> Result<jetstream::stream::Stream, OjsError> {
+    let name = config.name.clone();
+    match js.create_or_update_stream(config).await {
+        Ok(_) => {}
+        // Another replica may have created it a moment ago.
+        Err(err) => {
+            warn!(stream = %name, error = %err, "create_or_update_stream failed; using the existing stream")
+        }
+    }
+    js.get_stream(&name)
+        .await
+        .map_err(backend("opening a stream"))
+}
+
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    topology: &Topology,
+    bucket: &str,
+    history: i64,
+    max_age: Duration,
+) -> Result<kv::Store, OjsError> {
+    ensure_stream(js, topology.bucket_stream(bucket, history, max_age)).await?;
+    js.get_key_value(bucket)
+        .await
+        .map_err(backend("opening a bucket"))
+}

@@ -1,0 +1,200 @@
+//! Names and settings of every JetStream object ojs-jetstream owns (docs/architecture.md,
+//! "Topology"). One function per name so the mapping is written down once.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
+
+/// Everything derived from the namespace and the storage settings.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub namespace: String,
+    pub replicas: usize,
+    pub storage: StorageType,
+    pub ack_wait: Duration,
+    pub job_history: i64,
+    pub events_max_age: Duration,
+    pub lease_ttl: Duration,
+}
+
+/// Stream names may not contain `.`, queue names may; queue names never contain `_`, so
+/// swapping one for the other is injective.
+pub fn encode_queue(queue: &str) -> String {
+    queue.replace('.', "_")
+}
+
+impl Topology {
+    pub fn jobs_bucket(&self) -> String {
+        format!("{}-jobs", self.namespace)
+    }
+
+    pub fn queues_bucket(&self) -> String {
+        format!("{}-queues", self.namespace)
+    }
+
+    pub fn leases_bucket(&self) -> String {
+        format!("{}-leases", self.namespace)
+    }
+
+    pub fn events_stream(&self) -> String {
+        format!("{}-events", self.namespace)
+    }
+
+    pub fn event_subject(&self, event_type: &str) -> String {
+        format!("{}.events.{event_type}", self.namespace)
+    }
+
+    /// Pending "make available at" timers (retry backoff, scheduled jobs).
+    pub fn timers_stream(&self) -> String {
+        format!("{}-timers", self.namespace)
+    }
+
+    pub fn timers_subject(&self) -> String {
+        format!("{}.timers", self.namespace)
+    }
+
+    /// The leader's consumer of the timers stream.
+    pub fn scheduler_consumer(&self) -> String {
+        "scheduler".to_string()
+    }
+
+    pub fn timers_stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.timers_stream(),
+            subjects: vec![self.timers_subject()],
+            retention: RetentionPolicy::WorkQueue,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        }
+    }
+
+    /// Prefix shared by every queue stream, used only by the admin reset.
+    pub fn queue_stream_prefix(&self) -> String {
+        format!("{}-q-", self.namespace)
+    }
+
+    pub fn queue_stream(&self, queue: &str) -> String {
+        format!("{}{}", self.queue_stream_prefix(), encode_queue(queue))
+    }
+
+    pub fn queue_subject(&self, queue: &str, priority: i32) -> String {
+        format!("{}.q.{}.{priority}", self.namespace, encode_queue(queue))
+    }
+
+    /// One pull consumer per priority in use; FETCH asks them highest first.
+    pub fn priority_consumer(priority: i32) -> String {
+        format!("p{priority}")
+    }
+
+    /// Core NATS subject on which replicas learn that the admin reset wiped the data.
+    pub fn reset_subject(&self) -> String {
+        format!("{}.control.reset", self.namespace)
+    }
+
+    /// The durable consumer that turns job-record writes into events.
+    pub fn event_publisher_consumer(&self) -> String {
+        "event-publisher".to_string()
+    }
+
+    /// A key-value bucket's backing stream, created directly: async-nats'
+    /// `create_key_value` cannot parse nats-server 2.9's account info.
+    pub fn bucket_stream(&self, bucket: &str, history: i64, max_age: Duration) -> stream::Config {
+        stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: history,
+            max_age,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: DiscardPolicy::New,
+            ..Default::default()
+        }
+    }
+
+    /// A queue: work-queue retention, so a settled message is gone; duplicates of a dispatch
+    /// (same `Nats-Msg-Id`) are dropped within the window.
+    pub fn queue_stream_config(&self, queue: &str) -> stream::Config {
+        stream::Config {
+            name: self.queue_stream(queue),
+            subjects: vec![format!("{}.q.{}.*", self.namespace, encode_queue(queue))],
+            retention: RetentionPolicy::WorkQueue,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        }
+    }
+
+    pub fn priority_consumer_config(&self, queue: &str, priority: i32) -> consumer::pull::Config {
+        consumer::pull::Config {
+            durable_name: Some(Topology::priority_consumer(priority)),
+            filter_subject: self.queue_subject(queue, priority),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            deliver_policy: DeliverPolicy::All,
+            // Every active job holds one unacknowledged message; never let that stall a queue.
+            max_ack_pending: 1_000_000,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
+    }
+
+    pub fn events_stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.events_stream(),
+            subjects: vec![format!("{}.events.>", self.namespace)],
+            retention: RetentionPolicy::Limits,
+            max_age: self.events_max_age,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            duplicate_window: Duration::from_secs(120),
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+
+    pub fn event_publisher_config(&self) -> consumer::pull::Config {
+        consumer::pull::Config {
+            durable_name: Some(self.event_publisher_consumer()),
+            ack_policy: AckPolicy::Explicit,
+            // A new leader sees what the old one left unacknowledged after this long.
+            ack_wait: Duration::from_secs(5),
+            deliver_policy: DeliverPolicy::All,
+            max_ack_pending: 10_000,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo() -> Topology {
+        Topology {
+            namespace: "ojs".into(),
+            replicas: 1,
+            storage: StorageType::File,
+            ack_wait: Duration::from_secs(60),
+            job_history: 5,
+            events_max_age: Duration::from_secs(60),
+            lease_ttl: Duration::from_secs(3),
+        }
+    }
+
+    #[test]
+    fn queue_names_map_to_distinct_stream_names_and_subjects() {
+        let t = topo();
+        assert_eq!(t.queue_stream("reports.eu"), "ojs-q-reports_eu");
+        assert_ne!(t.queue_stream("a.b"), t.queue_stream("a-b"));
+        assert_eq!(t.queue_subject("reports.eu", -10), "ojs.q.reports_eu.-10");
+        assert_eq!(t.event_subject("job.completed"), "ojs.events.job.completed");
+    }
+}

@@ -25,6 +25,14 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 /// Compare-and-set attempts before an operation gives up under contention.
 const MAX_CAS_ATTEMPTS: usize = 16;
 
+/// What the jobs bucket holds for an id.
+enum Lookup {
+    Found(Box<JobRecord>, u64),
+    /// Deleted or purged (a rolled-back batch): its queue messages are spent.
+    Removed,
+    Missing,
+}
+
 /// The body of a queue message: which job, and which dispatch of it.
 #[derive(Debug, Serialize, Deserialize)]
 struct Dispatch {
@@ -205,7 +213,7 @@ impl Store {
                         break;
                     }
                     for msg in delivered {
-                        match self.claim(&msg, req).await {
+                        match self.claim(&msg, queue, priority, req).await {
                             Ok(Some(job)) => claimed.push(job),
                             Ok(None) => {}
                             // Released for another fetch; reported only if nothing was claimed.
@@ -229,6 +237,8 @@ impl Store {
     async fn claim(
         &self,
         msg: &async_nats::jetstream::Message,
+        queue: &str,
+        priority: i32,
         req: &FetchRequest,
     ) -> Result<Option<Job>, OjsError> {
         let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
@@ -249,20 +259,32 @@ impl Store {
         let orphan_age_passed = age > ORPHAN_GRACE.as_millis() as i128;
 
         for attempt in 0..MAX_CAS_ATTEMPTS {
-            let Some((rec, revision)) = self.read(&d.id).await? else {
-                // The enqueue that published this message may still be creating the record.
-                if attempt < 3 && !orphan_age_passed {
-                    tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
-                    continue;
+            let (rec, revision) = match self.lookup(&d.id).await? {
+                Lookup::Found(rec, revision) => (*rec, revision),
+                Lookup::Removed => {
+                    settle(msg, AckKind::Term).await;
+                    return Ok(None);
                 }
-                let kind = if orphan_age_passed {
-                    AckKind::Term
-                } else {
-                    AckKind::Nak(Some(Duration::from_secs(1)))
-                };
-                settle(msg, kind).await;
-                return Ok(None);
+                Lookup::Missing => {
+                    // The enqueue that published this message may still be creating the record.
+                    if attempt < 3 && !orphan_age_passed {
+                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                        continue;
+                    }
+                    let kind = if orphan_age_passed {
+                        AckKind::Term
+                    } else {
+                        AckKind::Nak(Some(Duration::from_secs(1)))
+                    };
+                    settle(msg, kind).await;
+                    return Ok(None);
+                }
             };
+            if rec.job.queue != queue || rec.job.priority != priority {
+                // Published for another job that reused this id (a refused duplicate).
+                settle(msg, AckKind::Term).await;
+                return Ok(None);
+            }
             if rec.dispatch != d.dispatch {
                 // Older: superseded by a later dispatch. Newer: the write that goes with
                 // this message has not landed yet (or never will).
@@ -367,9 +389,7 @@ impl Store {
     /// # Errors
     /// 404 unknown job; 409 for a completed or discarded job.
     pub async fn cancel(&self, id: &str) -> Result<Settled, OjsError> {
-        let settled = self
-            .transition(id, |rec, now| lifecycle::cancel(rec, now))
-            .await?;
+        let settled = self.transition(id, lifecycle::cancel).await?;
         self.release(&settled).await;
         Ok(settled)
     }
@@ -453,8 +473,15 @@ impl Store {
 
     /// The record and its revision; `None` for unknown or removed ids.
     async fn read(&self, id: &str) -> Result<Option<(JobRecord, u64)>, OjsError> {
+        Ok(match self.lookup(id).await? {
+            Lookup::Found(rec, revision) => Some((*rec, revision)),
+            Lookup::Removed | Lookup::Missing => None,
+        })
+    }
+
+    async fn lookup(&self, id: &str) -> Result<Lookup, OjsError> {
         if crate::domain::envelope::parse_job_id(id).is_none() {
-            return Ok(None);
+            return Ok(Lookup::Missing);
         }
         let entry = self
             .inner
@@ -462,12 +489,15 @@ impl Store {
             .entry(id)
             .await
             .map_err(backend("reading a job"))?;
-        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
-            return Ok(None);
+        let Some(entry) = entry else {
+            return Ok(Lookup::Missing);
         };
+        if entry.operation != kv::Operation::Put {
+            return Ok(Lookup::Removed);
+        }
         let rec = serde_json::from_slice(&entry.value)
             .map_err(|err| OjsError::backend(format!("job record {id} is unreadable: {err}")))?;
-        Ok(Some((rec, entry.revision)))
+        Ok(Lookup::Found(Box::new(rec), entry.revision))
     }
 
     /// Writes `rec` if the record is still at `revision`. `None` when another writer won.

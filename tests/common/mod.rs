@@ -1,0 +1,338 @@
+//! Test harness: a real nats-server per test (from `NATS_SERVER_BIN` or `PATH`) on a free
+//! loopback port with JetStream and a temp store, and gateways started in-process on it.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ojs_jetstream::{app, config::Config};
+use reqwest::{header::HeaderMap, StatusCode};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A nats-server child process; killed and its store removed on drop.
+pub struct NatsServer {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    pub port: u16,
+    pub url: String,
+}
+
+impl NatsServer {
+    pub fn start() -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut server = NatsServer {
+            child: None,
+            dir,
+            port,
+            url: format!("nats://127.0.0.1:{port}"),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let bin = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into());
+        let child = Command::new(&bin)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin} (set NATS_SERVER_BIN): {e}"));
+        self.child = Some(child);
+        wait_for_port(self.port);
+    }
+
+    /// Kills the server abruptly (as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A gateway running in this test's runtime.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub http: reqwest::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// The settings every test gateway uses: memory-light, resettable, quick leader election.
+pub fn test_config(nats_url: &str) -> Config {
+    Config {
+        nats_url: nats_url.to_string(),
+        allow_reset: true,
+        lease_ttl_ms: 900,
+        ..Config::default()
+    }
+}
+
+pub async fn spawn_app(nats_url: &str) -> TestApp {
+    spawn_app_with(test_config(nats_url)).await
+}
+
+pub async fn spawn_app_with(config: Config) -> TestApp {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        app::run(config, listener, async move {
+            let _ = rx.await;
+        })
+        .await
+        .expect("gateway runs");
+    });
+    let app = TestApp {
+        addr,
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        shutdown: Some(tx),
+        task: Some(task),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(r) = app.http.get(app.url("/ojs/v1/health")).send().await {
+            if r.status() == StatusCode::OK {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "gateway did not become healthy");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    app
+}
+
+/// A response: status, headers and the JSON body (`Value::Null` when empty).
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// Asserts an OJS error body with this status and code.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.body);
+        assert_eq!(self.body["error"]["code"], code, "body: {}", self.body);
+        assert!(self.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert_eq!(self.header("content-type"), "application/openjobspec+json");
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn reply(resp: reqwest::Response) -> Reply {
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("JSON body")
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/openjobspec+json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        Self::reply(resp).await
+    }
+
+    pub async fn post_raw(&self, path: &str, content_type: Option<&str>, body: Vec<u8>) -> Reply {
+        let mut req = self.http.post(self.url(path)).body(body);
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        Self::reply(req.send().await.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        Self::reply(self.http.get(self.url(path)).send().await.unwrap()).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        Self::reply(self.http.delete(self.url(path)).send().await.unwrap()).await
+    }
+
+    /// Enqueues a job and returns its id, asserting 201.
+    pub async fn enqueue(&self, job: Value) -> String {
+        let r = self.post("/ojs/v1/jobs", job).await;
+        assert_eq!(r.status, StatusCode::CREATED, "enqueue failed: {}", r.body);
+        r.body["job"]["id"].as_str().unwrap().to_string()
+    }
+
+    /// Fetches from `queues` (one job) and returns the jobs array.
+    pub async fn fetch(&self, queues: &[&str], worker: &str) -> Vec<Value> {
+        let r = self
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": queues, "worker_id": worker}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "fetch failed: {}", r.body);
+        r.body["jobs"].as_array().unwrap().clone()
+    }
+
+    pub async fn job(&self, id: &str) -> Value {
+        let r = self.get(&format!("/ojs/v1/jobs/{id}")).await;
+        assert_eq!(r.status, StatusCode::OK, "info failed: {}", r.body);
+        r.body["job"].clone()
+    }
+
+    /// Stops the gateway and waits for it to finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// A gateway as a separate `ojs-jetstream serve` process, for tests that kill it.
+pub struct GatewayProcess {
+    child: Child,
+    pub base: String,
+}
+
+impl GatewayProcess {
+    pub async fn start(nats_url: &str, extra_env: &[(&str, &str)]) -> GatewayProcess {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ojs-jetstream"));
+        cmd.arg("serve")
+            .env("OJS_CONFIG", "/nonexistent/ojs-jetstream.toml")
+            .env("OJS_NATS_URL", nats_url)
+            .env("OJS_LISTEN", format!("127.0.0.1:{port}"))
+            .env("OJS_LEASE_TTL_MS", "900")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start the gateway binary");
+        let gw = GatewayProcess {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let http = reqwest::Client::new();
+        eventually(Duration::from_secs(20), "gateway process health", || {
+            let url = format!("{}/ojs/v1/health", gw.base);
+            let http = http.clone();
+            async move {
+                http.get(url)
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status() == StatusCode::OK)
+                    .map(|_| ())
+            }
+        })
+        .await;
+        gw
+    }
+
+    /// SIGKILL: no graceful shutdown, the lease is left to expire.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A minimal job on `queue`.
+pub fn job_on(queue: &str) -> Value {
+    json!({"type": "test.job", "args": [1], "options": {"queue": queue}})
+}

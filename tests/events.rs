@@ -1,0 +1,129 @@
+//! Lifecycle events: derived from job writes, published on `<namespace>.events.<type>`,
+//! kept in the events stream and paged through `GET /ojs/v1/events` (events seed).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, job_on, spawn_app, NatsServer};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+async fn events_of(app: &common::TestApp, query: &str, want: usize) -> Vec<Value> {
+    eventually(Duration::from_secs(5), "events", || async {
+        let r = app.get(&format!("/ojs/v1/events?{query}")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let events = r.body["events"].as_array().unwrap().clone();
+        (events.len() >= want).then_some(events)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_job_emits_its_lifecycle_in_order() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(json!({"type": "t.e", "args": [], "options": {"queue": "ev"}}))
+        .await;
+    app.fetch(&["ev"], "w1").await;
+    app.post(
+        "/ojs/v1/workers/ack",
+        json!({"job_id": id, "result": {"ok": true}}),
+    )
+    .await;
+    let events = events_of(&app, "queues=ev", 3).await;
+    let types: Vec<_> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["job.enqueued", "job.started", "job.completed"]);
+    for e in &events {
+        assert_eq!(e["specversion"], "1.0");
+        assert!(e["id"].as_str().unwrap().starts_with("evt_"));
+        assert_eq!(e["subject"], id.as_str());
+        assert_eq!(e["data"]["job_id"], id.as_str());
+        assert_eq!(e["data"]["job_type"], "t.e");
+        assert_eq!(e["data"]["queue"], "ev");
+        assert!(e["time"].is_string() && e["source"].is_string());
+    }
+    assert_eq!(events[1]["data"]["worker_id"], "w1");
+    assert_eq!(events[2]["data"]["attempt"], 1);
+    assert!(events[2]["data"]["duration_ms"].is_number());
+    assert_eq!(events[2]["data"]["result"], json!({"ok": true}));
+}
+
+#[tokio::test]
+async fn failures_and_cancellations_emit_their_events() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app.enqueue(json!({"type": "t.e", "args": [], "options": {"queue": "fl", "retry": {"max_attempts": 1}}})).await;
+    app.fetch(&["fl"], "w").await;
+    app.post(
+        "/ojs/v1/workers/nack",
+        json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}),
+    )
+    .await;
+    let events = events_of(&app, "queues=fl&types=job.failed,job.discarded", 2).await;
+    assert_eq!(events[0]["type"], "job.failed");
+    assert_eq!(events[0]["data"]["error"]["code"], "handler_error");
+    assert_eq!(events[1]["type"], "job.discarded");
+    assert_eq!(events[1]["data"]["total_attempts"], 1);
+
+    let cancelled = app.enqueue(job_on("fl")).await;
+    app.delete(&format!("/ojs/v1/jobs/{cancelled}")).await;
+    let events = events_of(&app, "types=job.cancelled", 1).await;
+    assert_eq!(events[0]["subject"], cancelled.as_str());
+}
+
+#[tokio::test]
+async fn filters_limits_and_cursors_page_through_events() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    for _ in 0..5 {
+        app.enqueue(job_on("page-a")).await;
+        app.enqueue(json!({"type": "t.other", "args": [], "options": {"queue": "page-b"}}))
+            .await;
+    }
+    let all_a = events_of(&app, "types=job.enqueued&queues=page-a", 5).await;
+    assert_eq!(all_a.len(), 5);
+    let by_type = events_of(&app, "job_types=t.other", 5).await;
+    assert!(by_type.iter().all(|e| e["data"]["queue"] == "page-b"));
+
+    let first = app.get("/ojs/v1/events?queues=page-a&limit=2").await;
+    assert_eq!(first.body["events"].as_array().unwrap().len(), 2);
+    assert_eq!(first.body["has_more"], true);
+    let cursor = first.body["cursor"].as_str().unwrap().to_string();
+    let second = app
+        .get(&format!(
+            "/ojs/v1/events?queues=page-a&limit=10&after={cursor}"
+        ))
+        .await;
+    let rest = second.body["events"].as_array().unwrap();
+    assert_eq!(rest.len(), 3);
+    assert_eq!(rest[0]["id"], all_a[2]["id"]);
+
+    app.get("/ojs/v1/events?limit=0")
+        .await
+        .assert_error(400, "invalid_request");
+    app.get("/ojs/v1/events?limit=5000")
+        .await
+        .assert_error(400, "invalid_request");
+    app.get("/ojs/v1/events?after=yesterday")
+        .await
+        .assert_error(400, "invalid_request");
+}
+
+#[tokio::test]
+async fn events_are_published_on_nats_subjects() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let client = async_nats::connect(&nats.url).await.unwrap();
+    let mut sub = client.subscribe("ojs.events.>").await.unwrap();
+    client.flush().await.unwrap();
+    let id = app.enqueue(job_on("subj")).await;
+    let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("an event")
+        .unwrap();
+    assert_eq!(msg.subject.as_str(), "ojs.events.job.enqueued");
+    let event: Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(event["subject"], id.as_str());
+}

@@ -1,0 +1,465 @@
+//! The job lifecycle through PUSH, FETCH, ACK, FAIL, CANCEL and INFO (core §6–§7).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{eventually, job_on, spawn_app, NatsServer};
+use serde_json::json;
+
+#[tokio::test]
+async fn enqueue_fetch_ack_completes_with_result() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app.enqueue(job_on("work")).await;
+    let jobs = app.fetch(&["work"], "w1").await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["id"], id.as_str());
+    assert_eq!(jobs[0]["state"], "active");
+    assert_eq!(jobs[0]["attempt"], 1);
+    assert_eq!(jobs[0]["worker_id"], "w1");
+    assert!(jobs[0]["started_at"].is_string());
+
+    let r = app
+        .post(
+            "/ojs/v1/workers/ack",
+            json!({"job_id": id, "worker_id": "w1", "result": {"n": 42}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["acknowledged"], true);
+    assert_eq!(r.body["id"], id.as_str());
+    assert_eq!(r.body["state"], "completed");
+    assert!(r.body["completed_at"].is_string());
+    let job = app.job(&id).await;
+    assert_eq!(job["state"], "completed");
+    assert_eq!(job["result"], json!({"n": 42}));
+    assert!(job.get("worker_id").is_none());
+    // Completed is terminal.
+    app.post("/ojs/v1/workers/ack", json!({"job_id": id}))
+        .await
+        .assert_error(409, "conflict");
+    let r = app
+        .post(
+            "/ojs/v1/workers/nack",
+            json!({"job_id": id, "error": {"message": "x"}}),
+        )
+        .await;
+    r.assert_error(409, "conflict");
+    assert_eq!(r.body["error"]["details"]["current_state"], "completed");
+}
+
+#[tokio::test]
+async fn empty_fetch_answers_at_once() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    app.enqueue(job_on("other")).await; // a queue that exists, with nothing for us
+    let started = Instant::now();
+    assert!(app
+        .fetch(&["never-used", "other-empty"], "w")
+        .await
+        .is_empty());
+    let id = app.enqueue(job_on("drained")).await;
+    assert_eq!(app.fetch(&["drained"], "w").await[0]["id"], id.as_str());
+    assert!(app.fetch(&["drained"], "w").await.is_empty());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn fifo_within_priority_and_higher_priority_first() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut expected = Vec::new();
+    let mut ids = Vec::new();
+    for (i, priority) in [0, -10, 10, 0, 10, -10, 100].into_iter().enumerate() {
+        let id = app
+            .enqueue(json!({"type": "t.p", "args": [i], "options": {"queue": "prio", "priority": priority}}))
+            .await;
+        ids.push((priority, i, id));
+    }
+    ids.sort_by_key(|(p, i, _)| (-p, *i));
+    expected.extend(ids.into_iter().map(|(_, _, id)| id));
+    let mut got = Vec::new();
+    for _ in 0..expected.len() {
+        got.push(
+            app.fetch(&["prio"], "w").await[0]["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert_eq!(got, expected);
+}
+
+#[tokio::test]
+async fn queues_are_tried_in_the_order_given() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let low = app.enqueue(job_on("low")).await;
+    let high = app.enqueue(job_on("high")).await;
+    assert_eq!(
+        app.fetch(&["high", "low"], "w").await[0]["id"],
+        high.as_str()
+    );
+    assert_eq!(
+        app.fetch(&["high", "low"], "w").await[0]["id"],
+        low.as_str()
+    );
+}
+
+#[tokio::test]
+async fn concurrent_fetches_claim_each_job_exactly_once() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut ids = HashSet::new();
+    for _ in 0..40 {
+        ids.insert(app.enqueue(job_on("race")).await);
+    }
+    let fetches = (0..80).map(|i| {
+        let http = app.http.clone();
+        let url = app.url("/ojs/v1/workers/fetch");
+        async move {
+            let r = http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(json!({"queues": ["race"], "worker_id": format!("w{i}")}).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let body: serde_json::Value = r.json().await.unwrap();
+            body["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    });
+    let claimed: Vec<String> = futures::future::join_all(fetches)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let unique: HashSet<_> = claimed.iter().cloned().collect();
+    assert_eq!(claimed.len(), unique.len(), "a job was handed out twice");
+    // Every job is claimed once, by these fetches or the ones that follow.
+    let mut rest = unique;
+    loop {
+        let more = app.fetch(&["race"], "late").await;
+        if more.is_empty() {
+            break;
+        }
+        assert!(
+            rest.insert(more[0]["id"].as_str().unwrap().to_string()),
+            "claimed twice"
+        );
+    }
+    assert_eq!(rest, ids);
+}
+
+#[tokio::test]
+async fn fetch_count_claims_several() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    for _ in 0..5 {
+        app.enqueue(job_on("multi")).await;
+    }
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["multi"], "count": 3}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 3);
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["multi"], "count": 3}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 2);
+    for bad in [
+        json!({"queues": []}),
+        json!({}),
+        json!({"queues": ["Bad!"]}),
+        json!({"queues": ["a"], "count": 0}),
+    ] {
+        app.post("/ojs/v1/workers/fetch", bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+}
+
+#[tokio::test]
+async fn ack_and_fail_refuse_wrong_state_and_wrong_worker() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app.enqueue(job_on("own")).await;
+    let r = app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    r.assert_error(409, "conflict");
+    assert_eq!(r.body["error"]["details"]["current_state"], "available");
+    assert_eq!(r.body["error"]["details"]["expected_state"], "active");
+    app.fetch(&["own"], "holder").await;
+    app.post(
+        "/ojs/v1/workers/ack",
+        json!({"job_id": id, "worker_id": "intruder"}),
+    )
+    .await
+    .assert_error(409, "conflict");
+    app.post(
+        "/ojs/v1/workers/nack",
+        json!({"job_id": id, "worker_id": "intruder", "error": {"message": "x"}}),
+    )
+    .await
+    .assert_error(409, "conflict");
+    assert_eq!(app.job(&id).await["state"], "active");
+    app.post(
+        "/ojs/v1/workers/ack",
+        json!({"job_id": "019539a4-0000-7000-8000-000000000000"}),
+    )
+    .await
+    .assert_error(404, "not_found");
+    app.post("/ojs/v1/workers/ack", json!({}))
+        .await
+        .assert_error(400, "invalid_request");
+    app.post("/ojs/v1/workers/nack", json!({"job_id": id}))
+        .await
+        .assert_error(400, "invalid_request");
+}
+
+#[tokio::test]
+async fn failure_with_retries_left_comes_back_after_its_backoff() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(
+            json!({"type": "t.f", "args": [], "options": {"queue": "retry",
+            "retry": {"max_attempts": 3, "initial_interval": "PT0.5S", "jitter": false}}}),
+        )
+        .await;
+    app.fetch(&["retry"], "w").await;
+    let r = app
+        .post("/ojs/v1/workers/nack", json!({"job_id": id, "error": {"code": "handler_error", "message": "boom", "details": {"k": 1}}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["state"], "retryable");
+    assert_eq!(r.body["attempt"], 1);
+    assert_eq!(r.body["max_attempts"], 3);
+    assert_eq!(r.body["retry_delay_ms"], 500);
+    assert!(r.body["next_attempt_at"].is_string());
+    let job = app.job(&id).await;
+    assert_eq!(job["state"], "retryable");
+    assert!(job.get("completed_at").is_none());
+    assert_eq!(job["errors"][0]["attempt"], 1);
+    assert_eq!(job["error"]["message"], "boom");
+    // Not before its time...
+    assert!(app.fetch(&["retry"], "w").await.is_empty());
+    // ...and soon after it.
+    let started = Instant::now();
+    let again = eventually(Duration::from_secs(3), "the retry", || async {
+        app.fetch(&["retry"], "w").await.into_iter().next()
+    })
+    .await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(again["id"], id.as_str());
+    assert_eq!(again["attempt"], 2);
+    assert_eq!(again["retry_delay_ms"], 500);
+    // ACK clears the error but keeps the history.
+    app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    let job = app.job(&id).await;
+    assert!(job.get("error").is_none());
+    assert_eq!(job["errors"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn exhausted_or_non_retryable_failures_discard() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let once = app.enqueue(json!({"type": "t.f", "args": [], "options": {"queue": "d", "retry": {"max_attempts": 1}}})).await;
+    app.fetch(&["d"], "w").await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/nack",
+            json!({"job_id": once, "error": {"code": "handler_error", "message": "x"}}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "discarded");
+    assert!(r.body["completed_at"].is_string() && r.body["discarded_at"].is_string());
+
+    let typed = app
+        .enqueue(json!({"type": "t.f", "args": [], "options": {"queue": "d", "retry": {"non_retryable_errors": ["FatalError"]}}}))
+        .await;
+    app.fetch(&["d"], "w").await;
+    let r = app
+        .post("/ojs/v1/workers/nack", json!({"job_id": typed, "error": {"code": "handler_error", "message": "x", "details": {"error_class": "FatalError"}}}))
+        .await;
+    assert_eq!(r.body["state"], "discarded");
+
+    let flagged = app.enqueue(job_on("d")).await;
+    app.fetch(&["d"], "w").await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/nack",
+            json!({"job_id": flagged, "error": {"message": "x", "retryable": false}}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "discarded");
+    // Discarded is terminal.
+    app.delete(&format!("/ojs/v1/jobs/{flagged}"))
+        .await
+        .assert_error(409, "conflict");
+}
+
+#[tokio::test]
+async fn requeue_puts_the_job_straight_back() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app.enqueue(job_on("rq")).await;
+    app.fetch(&["rq"], "w").await;
+    let r = app.post("/ojs/v1/workers/nack", json!({"job_id": id, "requeue": true, "error": {"code": "shutdown", "message": "stopping"}})).await;
+    assert_eq!(r.body["state"], "available");
+    let again = app.fetch(&["rq"], "w2").await;
+    assert_eq!(again[0]["id"], id.as_str());
+    assert_eq!(again[0]["attempt"], 2);
+}
+
+#[tokio::test]
+async fn cancel_from_every_state() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let waiting = app.enqueue(job_on("c")).await;
+    let r = app.delete(&format!("/ojs/v1/jobs/{waiting}")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["job"]["state"], "cancelled");
+    assert_eq!(r.body["job"]["previous_state"], "available");
+    assert!(r.body["job"]["cancelled_at"].is_string());
+    assert!(r.body["job"].get("completed_at").is_none());
+    // Idempotent, and never handed out.
+    assert_eq!(
+        app.delete(&format!("/ojs/v1/jobs/{waiting}")).await.status,
+        200
+    );
+    assert!(app.fetch(&["c"], "w").await.is_empty());
+
+    let running = app.enqueue(job_on("c")).await;
+    app.fetch(&["c"], "w").await;
+    let r = app.delete(&format!("/ojs/v1/jobs/{running}")).await;
+    assert_eq!(r.body["job"]["state"], "cancelled");
+    assert_eq!(r.body["job"]["attempt"], 1);
+    app.post("/ojs/v1/workers/ack", json!({"job_id": running}))
+        .await
+        .assert_error(409, "conflict");
+
+    let scheduled = app
+        .enqueue(json!({"type": "t.s", "args": [], "options": {"queue": "c", "scheduled_at": "2099-01-01T00:00:00Z"}}))
+        .await;
+    assert_eq!(app.job(&scheduled).await["state"], "scheduled");
+    assert_eq!(
+        app.delete(&format!("/ojs/v1/jobs/{scheduled}")).await.body["job"]["state"],
+        "cancelled"
+    );
+
+    let done = app.enqueue(job_on("c")).await;
+    app.fetch(&["c"], "w").await;
+    app.post("/ojs/v1/workers/ack", json!({"job_id": done}))
+        .await;
+    app.delete(&format!("/ojs/v1/jobs/{done}"))
+        .await
+        .assert_error(409, "conflict");
+    app.delete("/ojs/v1/jobs/019539a4-0000-7000-8000-000000000000")
+        .await
+        .assert_error(404, "not_found");
+}
+
+#[tokio::test]
+async fn pending_jobs_wait_for_activation() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(json!({"type": "t.p", "args": [], "options": {"queue": "pend", "pending": true}}))
+        .await;
+    assert_eq!(app.job(&id).await["state"], "pending");
+    assert!(app.fetch(&["pend"], "w").await.is_empty());
+    let r = app
+        .post(&format!("/ojs/v1/jobs/{id}/activate"), json!({}))
+        .await;
+    assert_eq!(r.body["job"]["state"], "available");
+    assert_eq!(app.fetch(&["pend"], "w").await[0]["id"], id.as_str());
+    app.post(&format!("/ojs/v1/jobs/{id}/activate"), json!({}))
+        .await
+        .assert_error(409, "conflict");
+}
+
+#[tokio::test]
+async fn client_ids_are_kept_and_duplicates_refused() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = "019539a4-aaaa-7000-8000-111111111111";
+    let first = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "t.d", "args": [1], "id": id}),
+        )
+        .await;
+    assert_eq!(first.body["job"]["id"], id);
+    let dup = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "t.d", "args": [2], "id": id}),
+        )
+        .await;
+    dup.assert_error(409, "duplicate");
+    assert_eq!(app.job(id).await["args"], json!([1]));
+    // The refused duplicate left nothing behind to fetch.
+    assert_eq!(app.fetch(&["default"], "w").await.len(), 1);
+    assert!(app.fetch(&["default"], "w").await.is_empty());
+}
+
+#[tokio::test]
+async fn batches_are_all_or_nothing() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let jobs: Vec<_> = (0..100)
+        .map(|i| json!({"type": "t.b", "args": [i], "options": {"queue": "batch"}}))
+        .collect();
+    let r = app.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["count"], 100);
+    let created = r.body["jobs"].as_array().unwrap();
+    assert_eq!(created[99]["args"], json!([99]));
+    assert!(created.iter().all(|j| j["state"] == "available"));
+
+    let invalid = json!({"jobs": [job_on("atomic"), job_on("atomic"), {"args": []}]});
+    let r = app.post("/ojs/v1/jobs/batch", invalid).await;
+    r.assert_error(400, "invalid_request");
+    assert_eq!(r.body["error"]["details"]["index"], 2);
+    assert!(r.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("index 2"));
+
+    let existing = app
+        .enqueue(json!({"type": "t.b", "args": [], "options": {"queue": "other"}}))
+        .await;
+    let clash = json!({"jobs": [job_on("atomic"), {"type": "t.b", "args": [], "id": existing, "options": {"queue": "atomic"}}]});
+    app.post("/ojs/v1/jobs/batch", clash)
+        .await
+        .assert_error(409, "duplicate");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        app.fetch(&["atomic"], "w").await.is_empty(),
+        "a rejected batch left jobs behind"
+    );
+
+    for bad in [json!({}), json!({"jobs": []}), json!({"jobs": {}})] {
+        app.post("/ojs/v1/jobs/batch", bad)
+            .await
+            .assert_error(400, "invalid_request");
+    }
+}

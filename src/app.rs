@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,14 +21,20 @@ use crate::telemetry::metrics::Metrics;
 
 /// Runs a gateway on `listener` until `shutdown` resolves.
 ///
+/// Waits for NATS first, as long as it takes (or until `shutdown`).
+///
 /// # Errors
-/// When NATS cannot be reached at start or the HTTP server fails.
+/// When the HTTP server fails.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), OjsError> {
-    let store = Store::connect(&config).await?;
+    let shutdown = shutdown.shared();
+    let store = tokio::select! {
+        store = connect(&config) => store,
+        _ = shutdown.clone() => return Ok(()),
+    };
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     let instance = format!("{}-{}", config.service_name, Uuid::now_v7());
@@ -59,4 +66,20 @@ pub async fn run(
         warn!("background services did not stop within 10 s");
     }
     Ok(())
+}
+
+/// Connects and sets up the topology, retrying while NATS is not there yet (a cluster still
+/// forming, a server restarting); every failed try is logged with its reason.
+async fn connect(config: &Config) -> Store {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match Store::connect(config).await {
+            Ok(store) => return store,
+            Err(err) => {
+                warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "NATS is not ready");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
 }

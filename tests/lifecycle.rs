@@ -463,3 +463,24 @@ async fn batches_are_all_or_nothing() {
             .assert_error(400, "invalid_request");
     }
 }
+
+#[tokio::test]
+async fn scheduled_jobs_become_available_at_their_time_not_before() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post("/ojs/v1/jobs", json!({"type": "t.s", "args": [], "options": {"queue": "later", "scheduled_at": "+PT1S"}}))
+        .await;
+    assert_eq!(r.body["job"]["state"], "scheduled");
+    let id = r.body["job"]["id"].as_str().unwrap().to_string();
+    let due = chrono::DateTime::parse_from_rfc3339(r.body["job"]["scheduled_at"].as_str().unwrap())
+        .unwrap();
+    assert!(app.fetch(&["later"], "w").await.is_empty());
+    let job = eventually(Duration::from_secs(4), "the scheduled job", || async {
+        app.fetch(&["later"], "w").await.into_iter().next()
+    })
+    .await;
+    assert!(chrono::Utc::now() >= due);
+    assert_eq!(job["id"], id.as_str());
+    assert!(job["enqueued_at"].is_string());
+}

@@ -44,10 +44,14 @@ impl EventPublisher {
                     .filter_map(|w| w.record.as_ref().map(|r| job_events(r, w.revision, source)))
                     .flatten()
                     .collect();
-                // Unpublished writes stay unacknowledged; the feed delivers them again.
-                if let Err(err) = self.store.publish_events(&events).await {
-                    warn!(error = %err, "publishing events failed; they will be retried");
-                    continue;
+                // The same batch again until it is stored: later writes wait, so each job's
+                // events keep their order.
+                while let Err(err) = self.store.publish_events(&events).await {
+                    warn!(error = %err, "publishing events failed; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
                 }
                 for write in &batch {
                     write.done().await;

@@ -192,6 +192,13 @@ mod tests {
         }
     }
 
+    fn delivery() -> lifecycle::Delivery {
+        lifecycle::Delivery {
+            ack_subject: "ack".into(),
+            sequence: 1,
+        }
+    }
+
     #[test]
     fn created_job_emits_enqueued_with_required_fields() {
         let events = job_events(&created(), 7, "ojs://test/api");
@@ -220,8 +227,14 @@ mod tests {
     #[test]
     fn completion_reports_duration_and_attempt() {
         let start = time::parse("2026-02-12T10:30:01Z").unwrap();
-        let active =
-            lifecycle::claim(&created(), start, Some("w"), "a", Duration::from_secs(9)).unwrap();
+        let active = lifecycle::claim(
+            &created(),
+            start,
+            Some("w"),
+            &delivery(),
+            Duration::from_secs(9),
+        )
+        .unwrap();
         let done = lifecycle::complete(
             &active,
             start + chrono::Duration::milliseconds(250),
@@ -238,7 +251,8 @@ mod tests {
     #[test]
     fn failure_emits_failed_then_retrying_or_discarded() {
         let now = time::parse("2026-02-12T10:30:01Z").unwrap();
-        let active = lifecycle::claim(&created(), now, None, "a", Duration::from_secs(9)).unwrap();
+        let active =
+            lifecycle::claim(&created(), now, None, &delivery(), Duration::from_secs(9)).unwrap();
         let f = lifecycle::Failure {
             code: "e".into(),
             message: "m".into(),

@@ -128,6 +128,9 @@ pub struct Holder {
     /// The JetStream reply subject of the delivered message: publishing an ack to it from
     /// any connection settles the message.
     pub ack_subject: String,
+    /// The message's stream sequence: a redelivery of it carries the same one, a second
+    /// message for the same dispatch (a repeated publish) does not.
+    pub sequence: u64,
     #[serde(with = "time::millis")]
     pub visible_until: DateTime<Utc>,
 }

@@ -43,12 +43,19 @@ impl Failure {
     }
 }
 
+/// The queue message a FETCH claims a job through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub ack_subject: String,
+    pub sequence: u64,
+}
+
 /// FETCH claims an available job: `attempt + 1`, `started_at`, the holder (core §7.2).
 pub fn claim(
     rec: &JobRecord,
     now: DateTime<Utc>,
     worker_id: Option<&str>,
-    ack_subject: &str,
+    delivery: &Delivery,
     visibility: Duration,
 ) -> Result<JobRecord, OjsError> {
     state::check(&rec.job.id, rec.job.state, JobState::Active)?;
@@ -61,7 +68,8 @@ pub fn claim(
     job.next_attempt_at = None;
     next.holder = Some(Holder {
         worker_id: worker_id.map(str::to_owned),
-        ack_subject: ack_subject.to_owned(),
+        ack_subject: delivery.ack_subject.clone(),
+        sequence: delivery.sequence,
         visible_until: now
             + chrono::Duration::from_std(visibility).unwrap_or(chrono::Duration::MAX),
     });
@@ -71,10 +79,10 @@ pub fn claim(
 
 /// The active job's queue message was delivered again (JetStream's ack-wait backstop) while
 /// the holder's reservation still runs: keep the holder, settle through the new subject.
-pub fn redelivered(rec: &JobRecord, ack_subject: &str) -> JobRecord {
+pub fn redelivered(rec: &JobRecord, delivery: &Delivery) -> JobRecord {
     let mut next = rec.clone();
     if let Some(holder) = next.holder.as_mut() {
-        holder.ack_subject = ack_subject.to_owned();
+        holder.ack_subject = delivery.ack_subject.clone();
     }
     next.transition = Transition::Redelivered;
     next
@@ -216,8 +224,13 @@ pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsErr
 /// A timer for dispatch `dispatch` came due: a retryable or scheduled job becomes available
 /// under the next dispatch (core §6.4). `None` when the timer is stale — the job moved on.
 pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<JobRecord> {
-    let due = matches!(rec.job.state, JobState::Retryable | JobState::Scheduled);
-    if !due || rec.dispatch != dispatch {
+    let due_at = match rec.job.state {
+        JobState::Retryable => rec.job.next_attempt_at,
+        JobState::Scheduled => rec.job.scheduled_at.as_deref().and_then(super::time::parse),
+        _ => return None,
+    };
+    // A timer set for an earlier attempt, or repeated, must not make the job run early.
+    if rec.dispatch != dispatch || due_at.is_some_and(|at| at > now) {
         return None;
     }
     let mut next = rec.clone();
@@ -289,10 +302,17 @@ mod tests {
             &record(options),
             now(),
             worker,
-            "ack.1",
+            &delivery(1),
             Duration::from_secs(30),
         )
         .unwrap()
+    }
+
+    fn delivery(sequence: u64) -> Delivery {
+        Delivery {
+            ack_subject: format!("ack.{sequence}"),
+            sequence,
+        }
     }
 
     fn failure(retryable: bool) -> Failure {
@@ -311,7 +331,8 @@ mod tests {
         assert_eq!(a.job.attempt, 1);
         assert_eq!(a.job.started_at, Some(now()));
         assert_eq!(a.holder.as_ref().unwrap().ack_subject, "ack.1");
-        assert!(claim(&a, now(), None, "ack.2", Duration::from_secs(1)).is_err());
+        assert_eq!(a.holder.as_ref().unwrap().sequence, 1);
+        assert!(claim(&a, now(), None, &delivery(2), Duration::from_secs(1)).is_err());
     }
 
     #[test]
@@ -402,12 +423,17 @@ mod tests {
     fn promote_only_the_dispatch_the_timer_was_set_for() {
         let a = active(json!({}), None);
         let r = fail(&a, now(), None, &failure(true), false, 1.0).unwrap();
-        assert!(promote(&r, now(), r.dispatch + 1).is_none());
-        let p = promote(&r, now(), r.dispatch).unwrap();
+        let due = r.job.next_attempt_at.unwrap();
+        assert!(promote(&r, due, r.dispatch + 1).is_none());
+        assert!(
+            promote(&r, now(), r.dispatch).is_none(),
+            "not before its time"
+        );
+        let p = promote(&r, due, r.dispatch).unwrap();
         assert_eq!(p.job.state, JobState::Available);
         assert_eq!(p.dispatch, r.dispatch + 1);
         assert!(p.job.next_attempt_at.is_none());
-        assert!(promote(&p, now(), p.dispatch).is_none());
+        assert!(promote(&p, due, p.dispatch).is_none());
     }
 
     #[test]

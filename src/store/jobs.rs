@@ -16,12 +16,12 @@ use super::error::backend;
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord, Transition};
-use crate::domain::lifecycle::{self, Failure};
+use crate::domain::lifecycle::{self, Delivery, Failure};
 use crate::domain::state::JobState;
 
 /// A queue message whose job record does not show up within this time came from an enqueue
 /// that died between its two writes (or was rolled back); it is dropped.
-const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Compare-and-set attempts before an operation gives up under contention.
 const MAX_CAS_ATTEMPTS: usize = 16;
 
@@ -104,9 +104,15 @@ impl Store {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
 
+        // Queue messages for available jobs, timers for scheduled ones: all stored before
+        // any record exists.
         let mut acks = Vec::new();
-        for rec in records.iter().filter(|r| r.dispatch > 0) {
-            acks.push(self.send_dispatch(rec).await?);
+        for rec in &records {
+            if rec.dispatch > 0 {
+                acks.push(self.send_dispatch(rec).await?);
+            } else if let Some(at) = scheduled_instant(rec) {
+                acks.push(self.send_timer(rec, at).await?);
+            }
         }
         for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
             ack.map_err(backend("publishing a job to its queue"))?;
@@ -133,26 +139,52 @@ impl Store {
             } else {
                 OjsError::backend(format!("NATS failed while creating a job record: {err}"))
             };
-            self.roll_back(&records, &results).await;
+            let stranded = self.roll_back(&records, &results).await;
+            if !stranded.is_empty() {
+                // The client must not believe nothing was written.
+                return Err(OjsError::backend(format!(
+                    "The batch was refused ({}), but {} of its jobs could not be removed again: {}",
+                    error.message,
+                    stranded.len(),
+                    stranded.join(", ")
+                )));
+            }
             return Err(error);
         }
         Ok(records.into_iter().map(|r| r.job).collect())
     }
 
     /// Removes the records a failed batch did create; their queue messages become orphans
-    /// that FETCH drops.
-    async fn roll_back(&self, records: &[JobRecord], results: &[Result<u64, kv::CreateError>]) {
+    /// that FETCH drops. Returns the ids that could not be removed.
+    async fn roll_back(
+        &self,
+        records: &[JobRecord],
+        results: &[Result<u64, kv::CreateError>],
+    ) -> Vec<String> {
+        let mut stranded = Vec::new();
         for (rec, result) in records.iter().zip(results) {
             if result.is_ok() {
-                if let Err(err) = self.inner.jobs.purge(&rec.job.id).await {
-                    warn!(job_id = %rec.job.id, error = %err, "could not roll back a job of a failed batch");
+                let mut removed = false;
+                for _ in 0..3 {
+                    match self.inner.jobs.purge(&rec.job.id).await {
+                        Ok(()) => {
+                            removed = true;
+                            break;
+                        }
+                        Err(err) => {
+                            warn!(job_id = %rec.job.id, error = %err, "could not roll back a job of a refused batch")
+                        }
+                    }
+                }
+                if !removed {
+                    stranded.push(rec.job.id.clone());
                 }
             }
         }
+        stranded
     }
 
-    /// Publishes the queue message of the record's current dispatch; `Nats-Msg-Id` makes a
-    /// repeated publish of the same dispatch a no-op.
+    /// Publishes the queue message of the record's current dispatch.
     async fn send_dispatch(&self, rec: &JobRecord) -> Result<PublishAckFuture, OjsError> {
         let t = &self.inner.topology;
         let body = serde_json::to_vec(&Dispatch {
@@ -164,9 +196,9 @@ impl Store {
             .js
             .send_publish(
                 t.queue_subject(&rec.job.queue, rec.job.priority),
-                PublishMessage::build()
-                    .payload(body.into())
-                    .message_id(format!("{}.{}", rec.job.id, rec.dispatch)),
+                // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
+                // after an orphaned first attempt needs its message); FETCH drops the spare.
+                PublishMessage::build().payload(body.into()),
             )
             .await
             .map_err(backend("publishing a job to its queue"))
@@ -246,16 +278,15 @@ impl Store {
             settle(msg, AckKind::Term).await;
             return Ok(None);
         };
-        let Some(reply) = msg.reply.as_ref().map(|r| r.to_string()) else {
+        let (Some(reply), Ok(info)) = (msg.reply.as_ref(), msg.info()) else {
             return Ok(None);
         };
-        let age = msg
-            .info()
-            .map(|i| {
-                let published = i.published.unix_timestamp_nanos() / 1_000_000;
-                Utc::now().timestamp_millis() as i128 - published
-            })
-            .unwrap_or_default();
+        let delivery = Delivery {
+            ack_subject: reply.to_string(),
+            sequence: info.stream_sequence,
+        };
+        let age = Utc::now().timestamp_millis() as i128
+            - info.published.unix_timestamp_nanos() / 1_000_000;
         let orphan_age_passed = age > ORPHAN_GRACE.as_millis() as i128;
 
         for attempt in 0..MAX_CAS_ATTEMPTS {
@@ -303,16 +334,21 @@ impl Store {
                 .unwrap_or(self.inner.visibility_timeout);
             let next = match rec.job.state {
                 JobState::Available => {
-                    lifecycle::claim(&rec, now, req.worker_id.as_deref(), &reply, visibility)?
+                    lifecycle::claim(&rec, now, req.worker_id.as_deref(), &delivery, visibility)?
                 }
                 JobState::Active => match &rec.holder {
-                    Some(h) if h.visible_until > now => lifecycle::redelivered(&rec, &reply),
+                    // A second message for this dispatch (a repeated publish): spent.
+                    Some(h) if h.sequence != delivery.sequence => {
+                        settle(msg, AckKind::Ack).await;
+                        return Ok(None);
+                    }
+                    Some(h) if h.visible_until > now => lifecycle::redelivered(&rec, &delivery),
                     _ => match lifecycle::lapse(&rec, now) {
                         lapsed if lapsed.job.state == JobState::Available => lifecycle::claim(
                             &lapsed,
                             now,
                             req.worker_id.as_deref(),
-                            &reply,
+                            &delivery,
                             visibility,
                         )?,
                         discarded => discarded,
@@ -520,6 +556,18 @@ impl Store {
             ))),
         }
     }
+}
+
+/// When a scheduled job becomes due.
+fn scheduled_instant(rec: &JobRecord) -> Option<DateTime<Utc>> {
+    (rec.job.state == JobState::Scheduled)
+        .then(|| {
+            rec.job
+                .scheduled_at
+                .as_deref()
+                .and_then(crate::domain::time::parse)
+        })
+        .flatten()
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.

@@ -13,6 +13,8 @@ pub struct Lease {
     holder: String,
     /// The revision of our last successful write, while we hold the lease.
     revision: Option<u64>,
+    /// Longest wait for a write's answer: a third of the lease's time-to-live.
+    answer_within: std::time::Duration,
 }
 
 impl Store {
@@ -23,6 +25,7 @@ impl Store {
             key: name.to_owned(),
             holder: holder.to_owned(),
             revision: None,
+            answer_within: self.inner.topology.lease_ttl / 3,
         }
     }
 }
@@ -32,18 +35,25 @@ impl Lease {
     /// Any failure counts as not holding: a holder that cannot renew must step down.
     pub async fn try_hold(&mut self) -> bool {
         let value = self.holder.clone().into_bytes().into();
-        let result = match self.revision {
-            Some(rev) => self
-                .kv
-                .update(&self.key, value, rev)
-                .await
-                .map_err(|e| e.to_string()),
-            None => self
-                .kv
-                .create(&self.key, value)
-                .await
-                .map_err(|e| e.to_string()),
+        let write = async {
+            match self.revision {
+                Some(rev) => self
+                    .kv
+                    .update(&self.key, value, rev)
+                    .await
+                    .map_err(|e| e.to_string()),
+                None => self
+                    .kv
+                    .create(&self.key, value)
+                    .await
+                    .map_err(|e| e.to_string()),
+            }
         };
+        // An answer later than this could come after the lease expired and another replica
+        // took it; treat it as lost.
+        let result = tokio::time::timeout(self.answer_within, write)
+            .await
+            .unwrap_or_else(|_| Err("no answer in time".into()));
         match result {
             Ok(rev) => {
                 self.revision = Some(rev);

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv, stream::StorageType};
 use futures::StreamExt;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::Config;
-use crate::domain::error::OjsError;
+use crate::domain::error::{ErrorCode, OjsError};
 
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
@@ -61,10 +61,14 @@ impl Store {
         let client = async_nats::ConnectOptions::new()
             .name(format!("{} gateway", cfg.service_name))
             .request_timeout(Some(Duration::from_millis(cfg.nats_timeout_ms)))
-            .retry_on_initial_connect()
             .connect(cfg.nats_url.as_str())
             .await
-            .map_err(backend("connecting"))?;
+            .map_err(|e| {
+                OjsError::new(
+                    ErrorCode::BackendUnavailable,
+                    format!("cannot connect to NATS at {}: {e}", cfg.nats_url),
+                )
+            })?;
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_millis(cfg.nats_timeout_ms))
             .build(client.clone());
@@ -117,8 +121,9 @@ impl Store {
                 events,
                 source: format!("ojs://{}/api", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
-                // Leave room for the record's own fields around the client's envelope.
-                max_record_bytes: server_max.saturating_sub(4096),
+                // The configured limit, within what the NATS server accepts in one message
+                // (leaving room for the record's own fields).
+                max_record_bytes: cfg.max_job_bytes.min(server_max.saturating_sub(4096)),
             }),
         })
     }
@@ -139,7 +144,7 @@ impl Store {
     pub async fn ping(&self) -> Result<Duration, OjsError> {
         if self.inner.client.connection_state() != async_nats::connection::State::Connected {
             return Err(OjsError::new(
-                crate::domain::error::ErrorCode::BackendUnavailable,
+                ErrorCode::BackendUnavailable,
                 "Not connected to NATS.",
             ));
         }
@@ -148,7 +153,7 @@ impl Store {
             .await
             .map_err(|_| {
                 OjsError::new(
-                    crate::domain::error::ErrorCode::BackendUnavailable,
+                    ErrorCode::BackendUnavailable,
                     "NATS did not answer in time.",
                 )
             })?
@@ -196,21 +201,22 @@ impl Store {
 }
 
 /// Creates a stream, or updates it to `config` if it exists.
-async fn ensure_stream(
+pub(crate) async fn ensure_stream(
     js: &jetstream::Context,
     config: jetstream::stream::Config,
 ) -> Result<jetstream::stream::Stream, OjsError> {
     let name = config.name.clone();
-    match js.create_or_update_stream(config).await {
-        Ok(_) => {}
-        // Another replica may have created it a moment ago.
-        Err(err) => {
-            warn!(stream = %name, error = %err, "create_or_update_stream failed; using the existing stream")
-        }
+    let created = js.create_or_update_stream(config).await;
+    // Another replica may have created it a moment ago; then opening it is enough.
+    match js.get_stream(&name).await {
+        Ok(stream) => Ok(stream),
+        Err(open_err) => Err(match created {
+            Err(err) => OjsError::backend(format!("NATS refused stream {name}: {err}")),
+            Ok(_) => OjsError::backend(format!(
+                "NATS failed while opening stream {name}: {open_err}"
+            )),
+        }),
     }
-    js.get_stream(&name)
-        .await
-        .map_err(backend("opening a stream"))
 }
 
 async fn ensure_bucket(

@@ -139,11 +139,7 @@ impl QueueRegistry {
             return Ok(());
         }
         let reg = &self.inner;
-        let stream = reg
-            .js
-            .get_or_create_stream(reg.topology.queue_stream_config(queue))
-            .await
-            .map_err(backend("creating a queue stream"))?;
+        let stream = super::ensure_stream(&reg.js, reg.topology.queue_stream_config(queue)).await?;
         let _: PullConsumer = stream
             .get_or_create_consumer(
                 &Topology::priority_consumer(priority),

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::error::backend;
-use super::{Settled, Store};
-use crate::domain::error::OjsError;
+use super::Store;
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
 use crate::domain::lifecycle;
 use crate::domain::time;
@@ -62,9 +62,9 @@ impl Store {
             .js
             .send_publish(
                 self.inner.topology.timers_subject(),
-                PublishMessage::build()
-                    .payload(body.into())
-                    .message_id(format!("{}.{}.due", rec.job.id, rec.dispatch)),
+                // No Nats-Msg-Id: a spare timer is harmless (promotion checks dispatch, state
+                // and due time), a dropped one would strand the job.
+                PublishMessage::build().payload(body.into()),
             )
             .await
             .map_err(backend("publishing a timer"))
@@ -111,11 +111,18 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails; the timer stays pending and is fired again later.
-    pub async fn fire(&self, timer: &Timer) -> Result<Settled, OjsError> {
-        self.transition(&timer.id, |rec, now| {
-            Ok(lifecycle::promote(rec, now, timer.dispatch))
-        })
-        .await
+    pub async fn fire(&self, timer: &Timer) -> Result<(), OjsError> {
+        let fired = self
+            .transition(&timer.id, |rec, now| {
+                Ok(lifecycle::promote(rec, now, timer.dispatch))
+            })
+            .await;
+        match fired {
+            Ok(_) => Ok(()),
+            // The job is gone (an admin reset): nothing is left to fire.
+            Err(err) if err.code == ErrorCode::NotFound => Ok(()),
+            Err(err) => Err(err),
+        }
     }
 }
 

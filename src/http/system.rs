@@ -58,7 +58,7 @@ pub async fn manifest() -> Response {
                 "pause_resume": false,
                 "events": true,
             },
-            "event_delivery": "at-least-once; ids are stable, duplicates within two minutes are dropped by the events stream",
+            "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
             "extensions": {"official": []},
             "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "events": "/ojs/v1/events"},
         }),

@@ -34,6 +34,11 @@ pub struct Config {
     pub storage: String,
     /// Default reservation of a fetched job, in milliseconds (worker protocol §5.2).
     pub visibility_timeout_ms: u64,
+    /// Default execution timeout of a job, in milliseconds (core §5.2); a job may set its own.
+    pub execution_timeout_ms: u64,
+    /// A worker that has heartbeated and then stays silent this long is declared dead and
+    /// its jobs go back to their queues, in milliseconds (worker protocol §10).
+    pub heartbeat_timeout_ms: u64,
     /// JetStream's redelivery backstop for fetched messages nobody settled, in seconds.
     pub ack_wait_secs: u64,
     /// Revisions kept per job record; the event publisher can lag this many writes per job.
@@ -59,6 +64,8 @@ impl Default for Config {
             replicas: 1,
             storage: "file".into(),
             visibility_timeout_ms: 1_800_000,
+            execution_timeout_ms: 1_800_000,
+            heartbeat_timeout_ms: 30_000,
             ack_wait_secs: 1_860,
             job_history: 5,
             events_max_age_secs: 86_400,
@@ -141,7 +148,15 @@ impl Config {
         if self.max_job_bytes > self.max_body_bytes {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
-        if self.visibility_timeout_ms == 0 || self.ack_wait_secs == 0 || self.nats_timeout_ms == 0 {
+        if [
+            self.visibility_timeout_ms,
+            self.execution_timeout_ms,
+            self.heartbeat_timeout_ms,
+            self.ack_wait_secs,
+            self.nats_timeout_ms,
+        ]
+        .contains(&0)
+        {
             return invalid("visibility_timeout_ms", "timeouts must be positive");
         }
         Ok(())

@@ -70,10 +70,15 @@ async fn replicas_starting_at_once_on_an_empty_nats_all_come_up() {
     let apps = futures::future::join_all((0..3).map(|_| spawn_app(&nats.url))).await;
     // They share one topology: a job enqueued through one is fetched through another.
     let id = apps[0].enqueue(job_on("together")).await;
-    assert_eq!(apps[2].fetch(&["together"], "w").await[0]["id"], id.as_str());
+    assert_eq!(
+        apps[2].fetch(&["together"], "w").await[0]["id"],
+        id.as_str()
+    );
     // And exactly one of them leads: the job's enqueue event is published once.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let events = apps[1].get("/ojs/v1/events?types=job.enqueued&queues=together").await;
+    let events = apps[1]
+        .get("/ojs/v1/events?types=job.enqueued&queues=together")
+        .await;
     assert_eq!(events.body["events"].as_array().unwrap().len(), 1);
 }
 

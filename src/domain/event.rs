@@ -63,7 +63,8 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
         Transition::Created
         | Transition::Activated
         | Transition::Requeued
-        | Transition::Promoted => (
+        | Transition::Promoted
+        | Transition::Retried => (
             job.enqueued_at,
             vec![("job.enqueued", with(enqueued_data(rec)))],
         ),
@@ -114,6 +115,20 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
             job.cancelled_at,
             vec![("job.cancelled", with(json!({"cancelled_by": "api"})))],
         ),
+        Transition::Heartbeat => {
+            let holder = rec.holder.as_ref();
+            (
+                holder.and_then(|h| h.last_beat),
+                vec![(
+                    "job.heartbeat",
+                    with(json!({
+                        "worker_id": holder.and_then(|h| h.worker_id.clone()),
+                        "attempt": job.attempt,
+                        "visible_until": holder.map(|h| time::format(h.visible_until)),
+                    })),
+                )],
+            )
+        }
         Transition::Redelivered => (None, vec![]),
     };
     let at = at.unwrap_or(job.created_at);
@@ -189,6 +204,7 @@ mod tests {
             dispatch: 1,
             holder: None,
             transition: Transition::Created,
+            dead_letter: None,
         }
     }
 

@@ -133,6 +133,13 @@ pub struct Holder {
     pub sequence: u64,
     #[serde(with = "time::millis")]
     pub visible_until: DateTime<Utc>,
+    /// When the holder last sent a heartbeat naming this job.
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_beat: Option<DateTime<Utc>>,
 }
 
 /// What the write that produced a record did; the events of that write follow from it alone.
@@ -156,6 +163,10 @@ pub enum Transition {
     Cancelled,
     /// The holder's message was redelivered; only the ack subject changed.
     Redelivered,
+    /// A worker heartbeat extended the reservation.
+    Heartbeat,
+    /// `discarded → available` by an operator's dead-letter retry.
+    Retried,
 }
 
 /// The value kept in the jobs bucket under the job id.
@@ -168,6 +179,9 @@ pub struct JobRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
     pub transition: Transition,
+    /// Stream sequence of this job's dead-letter entry, while it is in the dead letter queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<u64>,
 }
 
 impl JobRecord {

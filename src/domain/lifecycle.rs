@@ -70,8 +70,8 @@ pub fn claim(
         worker_id: worker_id.map(str::to_owned),
         ack_subject: delivery.ack_subject.clone(),
         sequence: delivery.sequence,
-        visible_until: now
-            + chrono::Duration::from_std(visibility).unwrap_or(chrono::Duration::MAX),
+        visible_until: after(now, visibility),
+        last_beat: None,
     });
     next.transition = Transition::Started;
     Ok(next)
@@ -155,17 +155,35 @@ pub fn fail(
     Ok(next)
 }
 
-/// The reservation ran out without ACK or FAIL (worker protocol §5.5): a
-/// `visibility_timeout` error is recorded and the job is available again — same attempt
-/// number, the next claim counts the next one — or discarded when its attempts are spent.
-/// The caller decides which queue message dispatches it again.
-pub fn lapse(rec: &JobRecord, now: DateTime<Utc>) -> JobRecord {
+/// Why a holder lost its job without ACK or FAIL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LapseCause {
+    /// The reservation ran out (worker protocol §5.5).
+    Visibility,
+    /// The holder stopped heartbeating (worker protocol §10).
+    WorkerDeath,
+}
+
+/// The holder lost the job (`cause`): the error is recorded and the job is available again —
+/// same attempt number, the next claim counts the next one — or discarded when its attempts
+/// are spent. The caller decides which queue message dispatches it again.
+pub fn lapse(rec: &JobRecord, now: DateTime<Utc>, cause: LapseCause) -> JobRecord {
     let mut next = leave_active(rec);
     let job = &mut next.job;
+    let (error_type, message) = match cause {
+        LapseCause::Visibility => (
+            "visibility_timeout",
+            "The visibility timeout expired before the job was acknowledged.",
+        ),
+        LapseCause::WorkerDeath => (
+            "worker_death",
+            "The worker holding the job stopped sending heartbeats.",
+        ),
+    };
     let entry = JobError {
         code: "timeout".into(),
-        message: "The visibility timeout expired before the job was acknowledged.".into(),
-        error_type: Some("visibility_timeout".into()),
+        message: message.into(),
+        error_type: Some(error_type.into()),
         retryable: true,
         details: None,
         backtrace: None,
@@ -184,6 +202,132 @@ pub fn lapse(rec: &JobRecord, now: DateTime<Utc>) -> JobRecord {
         next.transition = Transition::Requeued;
     }
     next
+}
+
+/// What a job's deadline timer finds when it fires.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Deadline {
+    /// The job moved on (another attempt, dispatch or state): nothing to do.
+    Stale,
+    /// Still running and within both deadlines (a heartbeat extended it): look again then.
+    NotYet(DateTime<Utc>),
+    /// A deadline passed: the record to write.
+    Expired(Box<JobRecord>),
+}
+
+/// When the active job's next deadline falls: the earlier of its reservation and its
+/// execution timeout (core §5.2, measured from `started_at`, no grace; digest §4.5).
+pub fn deadline_of(rec: &JobRecord, default_timeout: Duration) -> Option<DateTime<Utc>> {
+    let holder = rec.holder.as_ref()?;
+    let timeout = rec
+        .job
+        .timeout_ms
+        .map_or(default_timeout, Duration::from_millis);
+    let execution = after(rec.job.started_at?, timeout);
+    Some(holder.visible_until.min(execution))
+}
+
+/// A deadline timer set for `(dispatch, attempt)` fired: an execution timeout fails the job
+/// through its retry policy; a lapsed reservation makes it available under a new dispatch.
+pub fn on_deadline(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    dispatch: u64,
+    attempt: u32,
+    default_timeout: Duration,
+    jitter_factor: f64,
+) -> Deadline {
+    let current =
+        rec.job.state == JobState::Active && rec.dispatch == dispatch && rec.job.attempt == attempt;
+    let Some(due) = deadline_of(rec, default_timeout).filter(|_| current) else {
+        return Deadline::Stale;
+    };
+    if due > now {
+        return Deadline::NotYet(due);
+    }
+    let timeout = rec
+        .job
+        .timeout_ms
+        .map_or(default_timeout, Duration::from_millis);
+    let execution_over = rec.job.started_at.is_some_and(|s| after(s, timeout) <= now);
+    if execution_over {
+        let failure = Failure {
+            code: "timeout".into(),
+            message: format!(
+                "The job ran longer than its timeout of {} ms.",
+                timeout.as_millis()
+            ),
+            retryable: true,
+            error_type: Some("timeout".into()),
+            details: Some(serde_json::json!({"timeout_kind": "execution"})),
+            backtrace: None,
+        };
+        return match fail(rec, now, None, &failure, false, jitter_factor) {
+            Ok(next) => Deadline::Expired(Box::new(next)),
+            Err(_) => Deadline::Stale,
+        };
+    }
+    Deadline::Expired(Box::new(redispatch(lapse(rec, now, LapseCause::Visibility))))
+}
+
+/// The holder `worker_id` was declared dead: its job goes back to the queue (or is discarded
+/// when its attempts are spent). `None` when the job is no longer that worker's.
+pub fn worker_died(rec: &JobRecord, now: DateTime<Utc>, worker_id: &str) -> Option<JobRecord> {
+    let held = rec.job.state == JobState::Active
+        && rec.holder.as_ref().and_then(|h| h.worker_id.as_deref()) == Some(worker_id);
+    held.then(|| redispatch(lapse(rec, now, LapseCause::WorkerDeath)))
+}
+
+/// BEAT for one job (core §7.5): the holder extends its reservation to `now + visibility`.
+/// `None` when the job is not active or held by someone else.
+pub fn heartbeat(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    worker_id: &str,
+    visibility: Duration,
+) -> Option<JobRecord> {
+    let holder = rec.holder.as_ref()?;
+    let mine = holder.worker_id.as_deref().is_none_or(|h| h == worker_id);
+    if rec.job.state != JobState::Active || !mine {
+        return None;
+    }
+    let mut next = rec.clone();
+    let holder = next.holder.as_mut()?;
+    holder.visible_until = after(now, visibility);
+    holder.last_beat = Some(now);
+    next.transition = Transition::Heartbeat;
+    Some(next)
+}
+
+/// Operator retry from the dead letter queue (dead-letter spec §6.1, digest §3.5): a
+/// discarded job is available again with a fresh attempt count; its error history stays.
+pub fn retry_discarded(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsError> {
+    state::expect(&rec.job.id, rec.job.state, JobState::Discarded)?;
+    let mut next = rec.clone();
+    let job = &mut next.job;
+    job.state = JobState::Available;
+    job.attempt = 0;
+    job.enqueued_at = Some(now);
+    job.completed_at = None;
+    job.discarded_at = None;
+    job.error = None;
+    next.dead_letter = None;
+    next.dispatch += 1;
+    next.transition = Transition::Retried;
+    Ok(next)
+}
+
+/// A lapsed job that is available again needs a queue message of its own: the old one is
+/// still held by the lost reservation and will be acknowledged as spent.
+fn redispatch(mut next: JobRecord) -> JobRecord {
+    if next.job.state == JobState::Available {
+        next.dispatch += 1;
+    }
+    next
+}
+
+fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    t + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
 /// Sets the latest error and appends it to the bounded history.
@@ -294,6 +438,7 @@ mod tests {
             dispatch: 1,
             holder: None,
             transition: Transition::Created,
+            dead_letter: None,
         }
     }
 
@@ -407,7 +552,7 @@ mod tests {
     #[test]
     fn lapse_requeues_or_discards_when_attempts_are_spent() {
         let a = active(json!({}), Some("w"));
-        let l = lapse(&a, now());
+        let l = lapse(&a, now(), LapseCause::Visibility);
         assert_eq!(l.job.state, JobState::Available);
         assert_eq!(l.job.attempt, 1);
         assert_eq!(
@@ -416,7 +561,10 @@ mod tests {
         );
         assert!(l.holder.is_none());
         let last = active(json!({"retry": {"max_attempts": 1}}), None);
-        assert_eq!(lapse(&last, now()).job.state, JobState::Discarded);
+        assert_eq!(
+            lapse(&last, now(), LapseCause::Visibility).job.state,
+            JobState::Discarded
+        );
     }
 
     #[test]
@@ -434,6 +582,95 @@ mod tests {
         assert_eq!(p.dispatch, r.dispatch + 1);
         assert!(p.job.next_attempt_at.is_none());
         assert!(promote(&p, due, p.dispatch).is_none());
+    }
+
+    #[test]
+    fn deadline_fires_execution_timeout_then_lapse_and_ignores_stale_timers() {
+        let timeout = Duration::from_secs(1800);
+        let a = claim(
+            &record(json!({"timeout_ms": 2000})),
+            now(),
+            Some("w"),
+            &delivery(1),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let due = deadline_of(&a, timeout).unwrap();
+        assert_eq!(due, now() + chrono::Duration::seconds(2));
+        assert_eq!(
+            on_deadline(&a, now(), a.dispatch, 1, timeout, 1.0),
+            Deadline::NotYet(due)
+        );
+        assert_eq!(
+            on_deadline(&a, due, a.dispatch, 2, timeout, 1.0),
+            Deadline::Stale
+        );
+        let Deadline::Expired(failed) = on_deadline(&a, due, a.dispatch, 1, timeout, 1.0) else {
+            panic!()
+        };
+        assert_eq!(failed.job.state, JobState::Retryable);
+        assert_eq!(
+            failed.job.error.as_ref().unwrap().error_type.as_deref(),
+            Some("timeout")
+        );
+
+        let short = claim(
+            &record(json!({})),
+            now(),
+            Some("w"),
+            &delivery(1),
+            Duration::from_secs(3),
+        )
+        .unwrap();
+        let due = deadline_of(&short, timeout).unwrap();
+        let Deadline::Expired(lapsed) = on_deadline(&short, due, short.dispatch, 1, timeout, 1.0)
+        else {
+            panic!()
+        };
+        assert_eq!(lapsed.job.state, JobState::Available);
+        assert_eq!(lapsed.dispatch, short.dispatch + 1);
+        assert_eq!(
+            lapsed.job.error.as_ref().unwrap().error_type.as_deref(),
+            Some("visibility_timeout")
+        );
+    }
+
+    #[test]
+    fn heartbeat_extends_only_the_holders_active_job() {
+        let a = active(json!({}), Some("w"));
+        let later = now() + chrono::Duration::seconds(10);
+        let b = heartbeat(&a, later, "w", Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            b.holder.as_ref().unwrap().visible_until,
+            later + chrono::Duration::seconds(5)
+        );
+        assert_eq!(b.transition, Transition::Heartbeat);
+        assert!(heartbeat(&a, later, "other", Duration::from_secs(5)).is_none());
+        assert!(heartbeat(&record(json!({})), later, "w", Duration::from_secs(5)).is_none());
+    }
+
+    #[test]
+    fn dead_worker_loses_its_jobs_and_dead_letter_retry_resets_attempts() {
+        let a = active(json!({}), Some("w"));
+        assert!(worker_died(&a, now(), "other").is_none());
+        let back = worker_died(&a, now(), "w").unwrap();
+        assert_eq!(back.job.state, JobState::Available);
+        assert_eq!(
+            back.job.error.as_ref().unwrap().error_type.as_deref(),
+            Some("worker_death")
+        );
+
+        let once = active(json!({"retry": {"max_attempts": 1}}), None);
+        let dead = fail(&once, now(), None, &failure(true), false, 1.0).unwrap();
+        assert!(retry_discarded(&a, now()).is_err());
+        let again = retry_discarded(&dead, now()).unwrap();
+        assert_eq!(
+            (again.job.state, again.job.attempt),
+            (JobState::Available, 0)
+        );
+        assert_eq!(again.dispatch, dead.dispatch + 1);
+        assert_eq!(again.job.errors.len(), 1);
+        assert!(again.job.error.is_none() && again.job.discarded_at.is_none());
     }
 
     #[test]

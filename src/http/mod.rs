@@ -2,6 +2,7 @@
 //! (content type, `OJS-Version`, `X-Request-Id`, error bodies) and request metrics.
 
 mod admin;
+mod dead_letter;
 mod error;
 mod events;
 mod extract;
@@ -55,6 +56,19 @@ pub fn router(state: SharedState) -> Router {
         .route("/ojs/v1/workers/ack", post(workers::ack))
         .route("/ojs/v1/workers/nack", post(workers::fail))
         .route("/ojs/v1/workers/fail", post(workers::fail))
+        .route("/ojs/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/ojs/v1/dead-letter", get(dead_letter::list))
+        .route(
+            "/ojs/v1/dead-letter/{id}",
+            get(dead_letter::get).delete(dead_letter::delete),
+        )
+        .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
+        .route("/ojs/v1/admin/workers/{id}", get(admin::worker))
+        .route("/ojs/v1/admin/workers/{id}/quiet", post(admin::quiet))
+        .route(
+            "/ojs/v1/admin/workers/{id}/terminate",
+            post(admin::terminate),
+        )
         .route("/ojs/v1/events", get(events::list));
     if state.config.allow_reset {
         api = api.route("/ojs/v1/admin/reset", post(admin::reset));

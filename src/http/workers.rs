@@ -13,7 +13,7 @@ use crate::domain::envelope::{parse_job_id, validate_queue};
 use crate::domain::error::OjsError;
 use crate::domain::lifecycle::Failure;
 use crate::domain::time;
-use crate::store::FetchRequest;
+use crate::store::{Beat, FetchRequest, WorkerState};
 
 /// Most jobs one FETCH may claim.
 const MAX_FETCH: u64 = 1000;
@@ -223,4 +223,87 @@ fn optional_string(body: &Map<String, Value>, key: &str) -> Result<Option<String
             format!("{key} must be a non-empty string, got {v}."),
         )),
     }
+}
+
+/// BEAT (HTTP binding §10.4, worker protocol §4): accepts both request shapes — `active_jobs`
+/// as the id list, or as a count with `active_job_ids` beside it.
+pub async fn heartbeat(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let worker_id = optional_string(&body, "worker_id")?
+        .ok_or_else(|| OjsError::invalid("worker_id", "Missing required field 'worker_id'."))?;
+    let mut ids = Vec::new();
+    for key in ["active_jobs", "active_job_ids"] {
+        match body.get(key) {
+            None | Some(Value::Null) | Some(Value::Number(_)) => {}
+            Some(Value::Array(list)) => {
+                for v in list {
+                    let id = v.as_str().ok_or_else(|| {
+                        OjsError::invalid(key, format!("{key} must list job ids as strings."))
+                    })?;
+                    ids.push(parse_job_id(id).unwrap_or_else(|| id.to_owned()));
+                }
+            }
+            Some(v) => {
+                return Err(OjsError::invalid(
+                    key,
+                    format!("{key} must be an array of job ids, got {v}."),
+                )
+                .into())
+            }
+        }
+    }
+    if let Some(id) = optional_string(&body, "job_id")? {
+        ids.push(parse_job_id(&id).unwrap_or(id));
+    }
+    ids.sort();
+    ids.dedup();
+    let visibility = match body.get("visibility_timeout_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Duration::from_millis(
+            v.as_u64().filter(|ms| *ms > 0).ok_or_else(|| {
+                OjsError::invalid(
+                    "visibility_timeout_ms",
+                    format!("visibility_timeout_ms must be a positive integer, got {v}."),
+                )
+            })?,
+        )),
+    };
+    let reported_state = optional_string(&body, "state")?;
+    let info: Map<String, Value> = [
+        "hostname",
+        "pid",
+        "queues",
+        "concurrency",
+        "labels",
+        "started_at",
+    ]
+    .into_iter()
+    .filter_map(|k| body.get(k).map(|v| (k.to_owned(), v.clone())))
+    .collect();
+    let beat = Beat {
+        worker_id,
+        active_job_ids: ids,
+        reported_state,
+        visibility,
+        info,
+        test_directives: state.config.allow_reset,
+    };
+    let reply = state.store.heartbeat(&beat).await?;
+    let directive = if reply.state == WorkerState::Running {
+        ""
+    } else {
+        reply.state.as_str()
+    };
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "state": reply.state.as_str(),
+            "directive": directive,
+            "jobs_extended": reply.jobs_extended,
+            "jobs_cancelled": reply.jobs_cancelled,
+            "server_time": time::format(chrono::Utc::now()),
+        }),
+    ))
 }

@@ -13,10 +13,12 @@ use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::error::backend;
+use super::timers::Timer;
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord, Transition};
-use crate::domain::lifecycle::{self, Delivery, Failure};
+use crate::domain::lifecycle::{self, Delivery, Failure, LapseCause};
+use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
 
 /// A queue message whose job record does not show up within this time came from an enqueue
@@ -74,6 +76,7 @@ impl Store {
                 dispatch: u64::from(job.state == JobState::Available),
                 holder: None,
                 transition: Transition::Created,
+                dead_letter: None,
                 job,
             })
             .collect();
@@ -111,7 +114,7 @@ impl Store {
             if rec.dispatch > 0 {
                 acks.push(self.send_dispatch(rec).await?);
             } else if let Some(at) = scheduled_instant(rec) {
-                acks.push(self.send_timer(rec, at).await?);
+                acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
             }
         }
         for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
@@ -343,7 +346,7 @@ impl Store {
                         return Ok(None);
                     }
                     Some(h) if h.visible_until > now => lifecycle::redelivered(&rec, &delivery),
-                    _ => match lifecycle::lapse(&rec, now) {
+                    _ => match lifecycle::lapse(&rec, now, LapseCause::Visibility) {
                         lapsed if lapsed.job.state == JobState::Available => lifecycle::claim(
                             &lapsed,
                             now,
@@ -360,8 +363,25 @@ impl Store {
                     return Ok(None);
                 }
             };
+            // A claim sets the job's deadline timer, sent just before the write on the same
+            // connection so it costs no extra round trip. If it is lost, JetStream's
+            // ack-wait redelivery is the backstop.
+            let deadline = match (
+                next.transition,
+                lifecycle::deadline_of(&next, self.inner.execution_timeout),
+            ) {
+                (Transition::Started, Some(due)) => {
+                    Some(self.send_timer(&Timer::deadline(&next, due)).await?)
+                }
+                _ => None,
+            };
             if self.write(&d.id, &next, revision).await?.is_none() {
                 continue;
+            }
+            if let Some(ack) = deadline {
+                if let Err(err) = ack.await {
+                    warn!(job_id = %d.id, error = %err, "deadline timer not stored; ack-wait remains the backstop");
+                }
             }
             return Ok(match next.job.state {
                 JobState::Active if next.transition == Transition::Redelivered => {
@@ -443,8 +463,9 @@ impl Store {
 
     /// Reads, decides with `decide`, writes with a revision check, and retries the whole
     /// decision when another writer came first. A decision that makes the job available
-    /// under a new dispatch publishes that dispatch's message before the record changes, and
-    /// one that makes it wait publishes its timer first.
+    /// under a new dispatch publishes that dispatch's message before the record changes, one
+    /// that makes it wait publishes its timer first, and a discard into the dead letter queue
+    /// publishes the dead-letter entry first.
     pub(super) async fn transition<F>(&self, id: &str, decide: F) -> Result<Settled, OjsError>
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
@@ -453,7 +474,7 @@ impl Store {
             let Some((before, revision)) = self.read(id).await? else {
                 return Err(OjsError::not_found("job", id));
             };
-            let Some(after) = decide(&before, Utc::now())? else {
+            let Some(mut after) = decide(&before, Utc::now())? else {
                 return Ok(Settled {
                     after: before.clone(),
                     before,
@@ -471,11 +492,17 @@ impl Store {
             }
             if let (JobState::Retryable, Some(due)) = (after.job.state, after.job.next_attempt_at) {
                 if before.job.state != JobState::Retryable {
-                    self.send_timer(&after, due)
+                    self.send_timer(&Timer::promote(&after, due))
                         .await?
                         .await
                         .map_err(backend("publishing a timer"))?;
                 }
+            }
+            let dead_lettered = after.job.state == JobState::Discarded
+                && before.job.state != JobState::Discarded
+                && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
+            if dead_lettered {
+                after.dead_letter = Some(self.add_dead_letter(&after).await?);
             }
             if self.write(id, &after, revision).await?.is_some() {
                 return Ok(Settled { before, after });
@@ -490,7 +517,7 @@ impl Store {
     /// After a job leaves `active`, its queue message is acknowledged through the subject
     /// stored at claim time — from whichever replica runs this. Best effort: a lost ack
     /// only means JetStream redelivers the message later, and FETCH drops it as spent.
-    async fn release(&self, settled: &Settled) {
+    pub(super) async fn release(&self, settled: &Settled) {
         let Some(holder) = &settled.before.holder else {
             return;
         };
@@ -508,7 +535,7 @@ impl Store {
     }
 
     /// The record and its revision; `None` for unknown or removed ids.
-    async fn read(&self, id: &str) -> Result<Option<(JobRecord, u64)>, OjsError> {
+    pub(super) async fn read(&self, id: &str) -> Result<Option<(JobRecord, u64)>, OjsError> {
         Ok(match self.lookup(id).await? {
             Lookup::Found(rec, revision) => Some((*rec, revision)),
             Lookup::Removed | Lookup::Missing => None,

@@ -1,6 +1,7 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
 //! handle shared by the HTTP handlers and the coordinator.
 
+mod dead_letter;
 mod error;
 mod events;
 mod jobs;
@@ -9,6 +10,7 @@ mod puller;
 mod queues;
 mod timers;
 pub mod topology;
+mod workers;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,13 +22,15 @@ use tracing::info;
 use crate::config::Config;
 use crate::domain::error::{ErrorCode, OjsError};
 
+pub use dead_letter::DeadLetterPage;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
 pub use jobs::{FetchRequest, Settled};
 pub use lease::Lease;
 use queues::QueueRegistry;
-pub use timers::{PendingTimer, Timer, TimerFeed};
+pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
+pub use workers::{Beat, BeatReply, WorkerRecord, WorkerState};
 
 /// Handle to every stream and bucket ojs-jetstream uses.
 #[derive(Clone)]
@@ -40,13 +44,20 @@ struct Inner {
     topology: Topology,
     jobs: kv::Store,
     leases: kv::Store,
+    workers: kv::Store,
     queues: QueueRegistry,
     /// The events stream, for queries.
     events: jetstream::stream::Stream,
+    /// The dead-letter stream, for listings.
+    dead_letter: jetstream::stream::Stream,
     /// Event `source` URI of this gateway.
     source: String,
     /// Default reservation of a fetched job.
     visibility_timeout: Duration,
+    /// Default execution timeout of a job.
+    execution_timeout: Duration,
+    /// How long a worker may go without a heartbeat before its jobs are taken back.
+    heartbeat_timeout: Duration,
     /// Largest job record this store will write.
     max_record_bytes: usize,
 }
@@ -96,6 +107,14 @@ impl Store {
         .await?;
         let queues_kv =
             ensure_bucket(&js, &topology, &topology.queues_bucket(), 1, Duration::ZERO).await?;
+        let workers = ensure_bucket(
+            &js,
+            &topology,
+            &topology.workers_bucket(),
+            1,
+            Duration::ZERO,
+        )
+        .await?;
         let leases = ensure_bucket(
             &js,
             &topology,
@@ -106,6 +125,7 @@ impl Store {
         .await?;
         let events = ensure_stream(&js, topology.events_stream_config()).await?;
         ensure_stream(&js, topology.timers_stream_config()).await?;
+        let dead_letter = ensure_stream(&js, topology.dead_letter_stream_config()).await?;
         let server_max = client.server_info().max_payload;
         let queues =
             QueueRegistry::start(client.clone(), js.clone(), topology.clone(), queues_kv).await?;
@@ -117,10 +137,14 @@ impl Store {
                 topology,
                 jobs,
                 leases,
+                workers,
                 queues,
                 events,
+                dead_letter,
                 source: format!("ojs://{}/api", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
+                execution_timeout: Duration::from_millis(cfg.execution_timeout_ms),
+                heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
                 // The configured limit, within what the NATS server accepts in one message
                 // (leaving room for the record's own fields).
                 max_record_bytes: cfg.max_job_bytes.min(server_max.saturating_sub(4096)),
@@ -171,8 +195,10 @@ impl Store {
         let mut streams = vec![
             format!("KV_{}", t.jobs_bucket()),
             format!("KV_{}", t.queues_bucket()),
+            format!("KV_{}", t.workers_bucket()),
             t.events_stream(),
             t.timers_stream(),
+            t.dead_letter_stream(),
         ];
         while let Some(name) = names.next().await {
             let name = name.map_err(backend("listing streams"))?;

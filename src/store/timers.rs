@@ -1,8 +1,10 @@
-//! Durable timers: "make this job available at T". Each timer is a message in the timers
-//! stream; the coordinator leader reads all of them into memory, fires each when due and
-//! only then acknowledges it. A new leader starts the feed over and sees every timer that
-//! was not fired, so no timer is lost when a leader dies.
+//! Durable timers: "look at this job (or worker) at T". Each timer is a message in the
+//! timers stream; the coordinator leader reads all of them into memory, fires each when due
+//! and only then acknowledges it. A new leader starts the feed over and sees every timer that
+//! was not fired, so no timer is lost when a leader dies. Firing always re-reads the record
+//! and decides from it, so a spare, early or stale timer does nothing.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
@@ -17,17 +19,57 @@ use super::error::backend;
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
-use crate::domain::lifecycle;
+use crate::domain::lifecycle::{self, Deadline};
 use crate::domain::time;
 
-/// A due time for one dispatch of one job.
+/// What a timer is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerKind {
+    /// A retryable or scheduled job becomes available.
+    #[default]
+    Promote,
+    /// An active job's reservation or execution timeout runs out.
+    Deadline,
+    /// A worker that stopped heartbeating is declared dead; `id` is the worker id.
+    Worker,
+}
+
+/// A due time for one dispatch (and attempt) of one job, or for one worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timer {
     pub id: String,
+    #[serde(default)]
+    pub kind: TimerKind,
     /// The dispatch the job had when the timer was set; a later one makes the timer stale.
+    #[serde(default)]
     pub dispatch: u64,
+    /// The attempt an execution deadline belongs to.
+    #[serde(default)]
+    pub attempt: u32,
     #[serde(with = "time::millis")]
     pub due: DateTime<Utc>,
+}
+
+impl Timer {
+    /// The timer that makes a waiting job available at `due`.
+    pub fn promote(rec: &JobRecord, due: DateTime<Utc>) -> Timer {
+        Timer {
+            id: rec.job.id.clone(),
+            kind: TimerKind::Promote,
+            dispatch: rec.dispatch,
+            attempt: rec.job.attempt,
+            due,
+        }
+    }
+
+    /// The timer that checks an active job's deadlines at `due`.
+    pub fn deadline(rec: &JobRecord, due: DateTime<Utc>) -> Timer {
+        Timer {
+            kind: TimerKind::Deadline,
+            ..Timer::promote(rec, due)
+        }
+    }
 }
 
 /// The leader's feed of pending timers.
@@ -45,25 +87,16 @@ pub struct PendingTimer {
 }
 
 impl Store {
-    /// Publishes the timer that will make `rec` available at `due`; awaited before the
-    /// record is written, so a waiting job always has a timer.
-    pub(super) async fn send_timer(
-        &self,
-        rec: &JobRecord,
-        due: DateTime<Utc>,
-    ) -> Result<PublishAckFuture, OjsError> {
-        let timer = Timer {
-            id: rec.job.id.clone(),
-            dispatch: rec.dispatch,
-            due,
-        };
-        let body = serde_json::to_vec(&timer).expect("timers serialize");
+    /// Publishes a timer. Callers await its acknowledgement before the write that needs it,
+    /// so a waiting job always has its timer.
+    pub(super) async fn send_timer(&self, timer: &Timer) -> Result<PublishAckFuture, OjsError> {
+        let body = serde_json::to_vec(timer).expect("timers serialize");
         self.inner
             .js
             .send_publish(
                 self.inner.topology.timers_subject(),
-                // No Nats-Msg-Id: a spare timer is harmless (promotion checks dispatch, state
-                // and due time), a dropped one would strand the job.
+                // No Nats-Msg-Id: a spare timer is harmless (firing re-reads the record), a
+                // dropped one would strand the job.
                 PublishMessage::build().payload(body.into()),
             )
             .await
@@ -106,23 +139,64 @@ impl Store {
         })
     }
 
-    /// Fires a due timer: a retryable or scheduled job becomes available. Stale timers do
-    /// nothing.
+    /// Fires a due timer. Stale timers, and timers of jobs that no longer exist (an admin
+    /// reset), do nothing.
     ///
     /// # Errors
     /// When NATS fails; the timer stays pending and is fired again later.
     pub async fn fire(&self, timer: &Timer) -> Result<(), OjsError> {
-        let fired = self
-            .transition(&timer.id, |rec, now| {
-                Ok(lifecycle::promote(rec, now, timer.dispatch))
-            })
-            .await;
+        let fired = match timer.kind {
+            TimerKind::Promote => self
+                .transition(&timer.id, |rec, now| {
+                    Ok(lifecycle::promote(rec, now, timer.dispatch))
+                })
+                .await
+                .map(drop),
+            TimerKind::Deadline => self.fire_deadline(timer).await,
+            TimerKind::Worker => self.worker_expired(&timer.id).await,
+        };
         match fired {
-            Ok(_) => Ok(()),
-            // The job is gone (an admin reset): nothing is left to fire.
             Err(err) if err.code == ErrorCode::NotFound => Ok(()),
-            Err(err) => Err(err),
+            other => other,
         }
+    }
+
+    /// An active job's deadline: fail it (execution timeout) or return it to the queue
+    /// (lapsed reservation); if a heartbeat moved the deadline, set a timer for the new one.
+    async fn fire_deadline(&self, timer: &Timer) -> Result<(), OjsError> {
+        let later = Mutex::new(None);
+        let jitter = rand::random_range(0.5..1.5);
+        let default_timeout = self.inner.execution_timeout;
+        let settled = self
+            .transition(&timer.id, |rec, now| {
+                Ok(
+                    match lifecycle::on_deadline(
+                        rec,
+                        now,
+                        timer.dispatch,
+                        timer.attempt,
+                        default_timeout,
+                        jitter,
+                    ) {
+                        Deadline::Expired(next) => Some(*next),
+                        Deadline::NotYet(due) => {
+                            *later.lock().expect("deadline lock") = Some(due);
+                            None
+                        }
+                        Deadline::Stale => None,
+                    },
+                )
+            })
+            .await?;
+        self.release(&settled).await;
+        let later = *later.lock().expect("deadline lock");
+        if let Some(due) = later {
+            self.send_timer(&Timer::deadline(&settled.after, due))
+                .await?
+                .await
+                .map_err(backend("publishing a timer"))?;
+        }
+        Ok(())
     }
 }
 

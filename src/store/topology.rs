@@ -33,6 +33,10 @@ impl Topology {
         format!("{}-queues", self.namespace)
     }
 
+    pub fn workers_bucket(&self) -> String {
+        format!("{}-workers", self.namespace)
+    }
+
     pub fn leases_bucket(&self) -> String {
         format!("{}-leases", self.namespace)
     }
@@ -43,6 +47,27 @@ impl Topology {
 
     pub fn event_subject(&self, event_type: &str) -> String {
         format!("{}.events.{event_type}", self.namespace)
+    }
+
+    /// Dead-letter entries, one subject per queue.
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}-dead-letter", self.namespace)
+    }
+
+    pub fn dead_letter_subject(&self, queue: &str) -> String {
+        format!("{}.dlq.{}", self.namespace, encode_queue(queue))
+    }
+
+    pub fn dead_letter_stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.dead_letter_stream(),
+            subjects: vec![format!("{}.dlq.*", self.namespace)],
+            retention: RetentionPolicy::Limits,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            allow_direct: true,
+            ..Default::default()
+        }
     }
 
     /// Pending "make available at" timers (retry backoff, scheduled jobs).

@@ -1,0 +1,82 @@
+//! The dead letter queue (HTTP binding §12, dead-letter spec §10): list newest first,
+//! inspect, retry, delete.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::json;
+
+use super::{job_id, respond, ApiError, SharedState};
+use crate::domain::envelope::validate_queue;
+use crate::domain::error::OjsError;
+
+const DEFAULT_LIMIT: usize = 50;
+const MAX_LIMIT: usize = 1000;
+
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let number = |key: &str, default: usize, max: usize| -> Result<usize, OjsError> {
+        match params.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| {
+                    OjsError::invalid(
+                        key,
+                        format!("{key} must be an integer from 0 to {max}, got {v:?}."),
+                    )
+                }),
+        }
+    };
+    let limit = number("limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
+    let offset = number("offset", 0, usize::MAX)?;
+    let queue = params.get("queue").map(String::as_str);
+    if let Some(q) = queue {
+        validate_queue(q)?;
+    }
+    let page = state.store.dead_letters(queue, limit, offset).await?;
+    let has_more = (offset + page.jobs.len()) < page.total as usize;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "jobs": page.jobs,
+            "pagination": {"total": page.total, "limit": limit, "offset": offset, "has_more": has_more},
+        }),
+    ))
+}
+
+pub async fn get(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let job = state.store.dead_letter(&job_id(&id)).await?;
+    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+}
+
+pub async fn retry(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let job = state.store.retry_dead_letter(&job_id(&id)).await?;
+    let mut body = serde_json::to_value(&job).expect("jobs serialize");
+    body["re_enqueued_at"] = body["enqueued_at"].clone();
+    Ok(respond(StatusCode::OK, &json!({ "job": body })))
+}
+
+pub async fn delete(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = job_id(&id);
+    state.store.delete_dead_letter(&id).await?;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({ "deleted": true, "job_id": id }),
+    ))
+}

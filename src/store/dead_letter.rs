@@ -1,0 +1,198 @@
+//! The dead letter queue (dead-letter spec, digest §3.5, §4.11): jobs discarded under a
+//! `dead_letter` exhaustion policy. Each one has an entry in the dead-letter stream,
+//! published before the job's discard is written and named in its record, so the queue is
+//! listed newest first by walking the stream backwards — no key listing.
+
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::InfoWithSubjects;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::error::backend;
+use super::Store;
+use crate::domain::error::OjsError;
+use crate::domain::job::{Job, JobRecord};
+use crate::domain::lifecycle;
+
+/// Entries examined at most per listing, so stale entries cannot make one request long.
+const SCAN_LIMIT: u64 = 5_000;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    id: String,
+}
+
+/// One page of the dead letter queue, newest first.
+#[derive(Debug, Clone)]
+pub struct DeadLetterPage {
+    pub jobs: Vec<Job>,
+    /// Entries in the queue (or in the named queue), from the stream's own counts.
+    pub total: u64,
+}
+
+impl Store {
+    /// Publishes the dead-letter entry of a job about to be discarded into the DLQ and
+    /// returns its stream sequence, which the discard write stores in the record.
+    pub(super) async fn add_dead_letter(&self, rec: &JobRecord) -> Result<u64, OjsError> {
+        let body = serde_json::to_vec(&Entry {
+            id: rec.job.id.clone(),
+        })
+        .expect("entries serialize");
+        let ack = self
+            .inner
+            .js
+            .send_publish(
+                self.inner.topology.dead_letter_subject(&rec.job.queue),
+                PublishMessage::build().payload(body.into()),
+            )
+            .await
+            .map_err(backend("adding a dead-letter entry"))?
+            .await
+            .map_err(backend("adding a dead-letter entry"))?;
+        Ok(ack.sequence)
+    }
+
+    /// Lists dead-lettered jobs newest first, optionally of one queue.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn dead_letters(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+        offset: usize,
+    ) -> Result<DeadLetterPage, OjsError> {
+        let t = &self.inner.topology;
+        let stream = &self.inner.dead_letter;
+        let subject = queue.map(|q| t.dead_letter_subject(q));
+        let info = match &subject {
+            Some(s) => {
+                subject_counts(
+                    stream
+                        .info_with_subjects(s)
+                        .await
+                        .map_err(backend("reading the dead letter queue"))?,
+                    s,
+                )
+                .await
+            }
+            None => stream
+                .get_info()
+                .await
+                .map(|i| {
+                    (
+                        i.state.first_sequence,
+                        i.state.last_sequence,
+                        i.state.messages,
+                    )
+                })
+                .map_err(backend("reading the dead letter queue"))?,
+        };
+        let (first, last, total) = info;
+        let mut page = DeadLetterPage {
+            jobs: Vec::new(),
+            total,
+        };
+        let mut skipped = 0;
+        let mut seq = last;
+        while seq >= first.max(1) && last - seq < SCAN_LIMIT && page.jobs.len() < limit {
+            let current = seq;
+            seq -= 1;
+            let Ok(msg) = stream.direct_get(current).await else {
+                continue;
+            };
+            if subject
+                .as_deref()
+                .is_some_and(|s| msg.subject.as_str() != s)
+            {
+                continue;
+            }
+            let Ok(entry) = serde_json::from_slice::<Entry>(&msg.payload) else {
+                continue;
+            };
+            let Some((rec, _)) = self.read(&entry.id).await? else {
+                continue;
+            };
+            // Only the job's current entry counts; a retried job left a stale one.
+            if rec.dead_letter != Some(current) {
+                continue;
+            }
+            if skipped < offset {
+                skipped += 1;
+                continue;
+            }
+            page.jobs.push(rec.job);
+        }
+        Ok(page)
+    }
+
+    /// A job in the dead letter queue.
+    ///
+    /// # Errors
+    /// 404 when the job is unknown or not in the dead letter queue.
+    pub async fn dead_letter(&self, id: &str) -> Result<Job, OjsError> {
+        match self.read(id).await? {
+            Some((rec, _)) if rec.dead_letter.is_some() => Ok(rec.job),
+            _ => Err(OjsError::not_found("dead-letter job", id)),
+        }
+    }
+
+    /// Operator retry: the discarded job is available again with its attempts reset.
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not discarded.
+    pub async fn retry_dead_letter(&self, id: &str) -> Result<Job, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| {
+                lifecycle::retry_discarded(rec, now).map(Some)
+            })
+            .await?;
+        if let Some(seq) = settled.before.dead_letter {
+            self.drop_dead_letter_entry(seq).await;
+        }
+        Ok(settled.after.job)
+    }
+
+    /// Removes a job from the dead letter queue for good: its entry and its record.
+    ///
+    /// # Errors
+    /// 404 when the job is not in the dead letter queue.
+    pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
+        let Some((rec, _)) = self.read(id).await? else {
+            return Err(OjsError::not_found("dead-letter job", id));
+        };
+        let Some(seq) = rec.dead_letter else {
+            return Err(OjsError::not_found("dead-letter job", id));
+        };
+        self.inner
+            .jobs
+            .purge(id)
+            .await
+            .map_err(backend("deleting a dead-letter job"))?;
+        self.drop_dead_letter_entry(seq).await;
+        Ok(())
+    }
+
+    /// Best effort: a stale entry left behind is skipped by listings.
+    async fn drop_dead_letter_entry(&self, seq: u64) {
+        if let Err(err) = self.inner.dead_letter.delete_message(seq).await {
+            warn!(sequence = seq, error = %err, "could not remove a dead-letter entry");
+        }
+    }
+}
+
+/// First and last sequence of the stream, and the count of one subject in it.
+async fn subject_counts(mut info: InfoWithSubjects, subject: &str) -> (u64, u64, u64) {
+    let (first, last) = (
+        info.info.state.first_sequence,
+        info.info.state.last_sequence,
+    );
+    let mut count = 0;
+    while let Some(Ok((name, n))) = info.next().await {
+        if name == subject {
+            count = n as u64;
+        }
+    }
+    (first, last, count)
+}

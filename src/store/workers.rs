@@ -1,0 +1,344 @@
+//! The worker side of the worker protocol (seed §3–§6, §10): heartbeats that extend the jobs
+//! a worker holds, the worker registry with last-seen times and operator directives, and
+//! dead-worker recovery for workers that stop heartbeating.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use chrono::{DateTime, Utc};
+use futures::future::join_all;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tracing::warn;
+
+use super::error::backend;
+use super::timers::{Timer, TimerKind};
+use super::Store;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::Transition;
+use crate::domain::lifecycle;
+use crate::domain::state::JobState;
+use crate::domain::time;
+
+/// A worker's lifecycle state (worker protocol §2); the order is running < quiet < terminate,
+/// and a worker never goes back down it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    #[default]
+    Running,
+    Quiet,
+    Terminate,
+}
+
+impl WorkerState {
+    pub fn parse(s: &str) -> Option<WorkerState> {
+        match s {
+            "running" => Some(WorkerState::Running),
+            "quiet" => Some(WorkerState::Quiet),
+            "terminate" => Some(WorkerState::Terminate),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Running => "running",
+            WorkerState::Quiet => "quiet",
+            WorkerState::Terminate => "terminate",
+        }
+    }
+}
+
+/// A worker's entry in the workers bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub worker_id: String,
+    /// The state an operator asked for; answered on every heartbeat.
+    pub directive: WorkerState,
+    /// The state the worker reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_state: Option<String>,
+    pub active_job_ids: Vec<String>,
+    #[serde(with = "time::millis")]
+    pub first_seen: DateTime<Utc>,
+    #[serde(with = "time::millis")]
+    pub last_seen: DateTime<Utc>,
+    /// What else the worker said about itself (hostname, pid, queues, concurrency, labels).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub info: Map<String, Value>,
+}
+
+/// One heartbeat.
+#[derive(Debug, Clone)]
+pub struct Beat {
+    pub worker_id: String,
+    pub active_job_ids: Vec<String>,
+    pub reported_state: Option<String>,
+    /// New reservation for the listed jobs; else each job's own, else the server default.
+    pub visibility: Option<Duration>,
+    pub info: Map<String, Value>,
+    /// Honour `meta.test_directive` of listed jobs (conformance switch only).
+    pub test_directives: bool,
+}
+
+/// What the server answers a heartbeat.
+#[derive(Debug, Clone)]
+pub struct BeatReply {
+    pub state: WorkerState,
+    pub jobs_extended: Vec<String>,
+    /// Listed jobs that were cancelled: the worker should stop them.
+    pub jobs_cancelled: Vec<String>,
+}
+
+/// Worker ids are free text; bucket keys are not. Bytes outside `[A-Za-z0-9_-]` become
+/// `=XX`, which keeps the mapping one-to-one.
+fn worker_key(worker_id: &str) -> String {
+    worker_id
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' => (b as char).to_string(),
+            _ => format!("={b:02X}"),
+        })
+        .collect()
+}
+
+impl Store {
+    /// BEAT (core §7.5, HTTP binding §10.4): extends the listed jobs the worker holds,
+    /// records the worker, and (re)arms its dead-worker timer.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn heartbeat(&self, beat: &Beat) -> Result<BeatReply, OjsError> {
+        let visibility = beat.visibility;
+        let default_visibility = self.inner.visibility_timeout;
+        let extended = beat.active_job_ids.iter().map(|id| async move {
+            let settled = self
+                .transition(id, |rec, now| {
+                    let vis = visibility
+                        .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
+                        .unwrap_or(default_visibility);
+                    Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))
+                })
+                .await;
+            (id, settled)
+        });
+        let mut reply = BeatReply {
+            state: WorkerState::Running,
+            jobs_extended: Vec::new(),
+            jobs_cancelled: Vec::new(),
+        };
+        let mut directive = WorkerState::Running;
+        for (id, settled) in join_all(extended).await {
+            match settled {
+                Ok(s) => {
+                    if s.after.transition == Transition::Heartbeat && s.after != s.before {
+                        reply.jobs_extended.push(id.clone());
+                    }
+                    if s.after.job.state == JobState::Cancelled {
+                        reply.jobs_cancelled.push(id.clone());
+                    }
+                    if beat.test_directives {
+                        let hook = s
+                            .after
+                            .job
+                            .meta
+                            .get("test_directive")
+                            .and_then(Value::as_str);
+                        directive =
+                            directive.max(hook.and_then(WorkerState::parse).unwrap_or_default());
+                    }
+                }
+                Err(err) if err.code == ErrorCode::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let record = self.record_beat(beat).await?;
+        reply.state = directive.max(record.directive);
+        let due = Utc::now()
+            + chrono::Duration::from_std(self.inner.heartbeat_timeout).unwrap_or_default();
+        let timer = Timer {
+            id: beat.worker_id.clone(),
+            kind: TimerKind::Worker,
+            dispatch: 0,
+            attempt: 0,
+            due,
+        };
+        self.send_timer(&timer)
+            .await?
+            .await
+            .map_err(backend("publishing a worker timer"))?;
+        Ok(reply)
+    }
+
+    /// Updates the worker's entry, keeping the operator's directive.
+    async fn record_beat(&self, beat: &Beat) -> Result<WorkerRecord, OjsError> {
+        let now = Utc::now();
+        self.update_worker(&beat.worker_id, |current| {
+            let mut rec = current.unwrap_or_else(|| WorkerRecord {
+                worker_id: beat.worker_id.clone(),
+                directive: WorkerState::Running,
+                reported_state: None,
+                active_job_ids: Vec::new(),
+                first_seen: now,
+                last_seen: now,
+                info: Map::new(),
+            });
+            rec.last_seen = now;
+            rec.active_job_ids = beat.active_job_ids.clone();
+            rec.reported_state = beat.reported_state.clone();
+            rec.info = beat.info.clone();
+            Some(rec)
+        })
+        .await?
+        .ok_or_else(|| OjsError::backend("the worker entry vanished while being written"))
+    }
+
+    /// An operator asks a worker to go quiet or terminate (admin spec §9.3); the worker hears
+    /// it on its next heartbeat. Directives only move forward.
+    ///
+    /// # Errors
+    /// 404 for a worker that never heartbeated.
+    pub async fn direct_worker(
+        &self,
+        worker_id: &str,
+        state: WorkerState,
+    ) -> Result<WorkerRecord, OjsError> {
+        self.update_worker(worker_id, |current| {
+            current.map(|mut rec| {
+                rec.directive = rec.directive.max(state);
+                rec
+            })
+        })
+        .await?
+        .ok_or_else(|| OjsError::not_found("worker", worker_id))
+    }
+
+    /// The worker's entry.
+    ///
+    /// # Errors
+    /// 404 for a worker that never heartbeated (or was declared dead).
+    pub async fn worker(&self, worker_id: &str) -> Result<WorkerRecord, OjsError> {
+        self.read_worker(worker_id)
+            .await?
+            .map(|(rec, _)| rec)
+            .ok_or_else(|| OjsError::not_found("worker", worker_id))
+    }
+
+    /// A worker's timer fired: if it has not heartbeated within the timeout, its jobs go
+    /// back to their queues (error `worker_death`) and its entry is removed.
+    pub(super) async fn worker_expired(&self, worker_id: &str) -> Result<(), OjsError> {
+        let Some((rec, revision)) = self.read_worker(worker_id).await? else {
+            return Ok(());
+        };
+        let silent_for = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
+        if silent_for < self.inner.heartbeat_timeout {
+            return Ok(()); // a newer heartbeat armed a newer timer
+        }
+        warn!(worker_id, last_seen = %time::format(rec.last_seen), "worker stopped heartbeating; taking its jobs back");
+        for id in &rec.active_job_ids {
+            match self
+                .transition(id, |job, now| {
+                    Ok(lifecycle::worker_died(job, now, worker_id))
+                })
+                .await
+            {
+                Ok(settled) => self.release(&settled).await,
+                Err(err) if err.code == ErrorCode::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        // Only if it stayed silent meanwhile; a worker that came back keeps its entry.
+        let _ = self
+            .inner
+            .workers
+            .purge_expect_revision(worker_key(worker_id), Some(revision))
+            .await;
+        Ok(())
+    }
+
+    async fn read_worker(&self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
+        let entry = self
+            .inner
+            .workers
+            .entry(worker_key(worker_id))
+            .await
+            .map_err(backend("reading a worker"))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| {
+                serde_json::from_slice(&e.value)
+                    .ok()
+                    .map(|rec| (rec, e.revision))
+            }))
+    }
+
+    /// Read, change, write with a revision check, again on a lost race. `change` returning
+    /// `None` writes nothing.
+    async fn update_worker<F>(
+        &self,
+        worker_id: &str,
+        change: F,
+    ) -> Result<Option<WorkerRecord>, OjsError>
+    where
+        F: Fn(Option<WorkerRecord>) -> Option<WorkerRecord>,
+    {
+        let key = worker_key(worker_id);
+        for _ in 0..16 {
+            let current = self.read_worker(worker_id).await?;
+            let revision = current.as_ref().map(|(_, r)| *r);
+            let Some(next) = change(current.map(|(rec, _)| rec)) else {
+                return Ok(None);
+            };
+            let value = serde_json::to_vec(&next)
+                .expect("worker records serialize")
+                .into();
+            let written = match revision {
+                Some(rev) => self
+                    .inner
+                    .workers
+                    .update(&key, value, rev)
+                    .await
+                    .map_err(|e| e.kind() == kv::UpdateErrorKind::WrongLastRevision),
+                None => self
+                    .inner
+                    .workers
+                    .create(&key, value)
+                    .await
+                    .map_err(|e| e.kind() == kv::CreateErrorKind::AlreadyExists),
+            };
+            match written {
+                Ok(_) => return Ok(Some(next)),
+                Err(true) => continue,
+                Err(false) => {
+                    return Err(OjsError::backend(
+                        "NATS failed while writing a worker entry",
+                    ))
+                }
+            }
+        }
+        Err(OjsError::backend("the worker entry kept changing; retry"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_keys_are_safe_and_one_to_one() {
+        assert_eq!(worker_key("worker-1_a"), "worker-1_a");
+        assert_eq!(worker_key("host.local/7"), "host=2Elocal=2F7");
+        assert_ne!(worker_key("a=2E"), worker_key("a."));
+    }
+
+    #[test]
+    fn directives_only_move_forward() {
+        assert!(
+            WorkerState::Terminate > WorkerState::Quiet
+                && WorkerState::Quiet > WorkerState::Running
+        );
+        assert_eq!(WorkerState::parse("quiet"), Some(WorkerState::Quiet));
+        assert_eq!(WorkerState::parse("paused"), None);
+    }
+}

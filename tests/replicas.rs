@@ -1,11 +1,11 @@
 //! Stateless replicas: any gateway answers any request; one leader at a time publishes events
-//! and fires timers; another takes over when the leader dies.
+//! and fires timers (failover is in `coordinator.rs`).
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{eventually, job_on, spawn_app, GatewayProcess, NatsServer};
+use common::{job_on, spawn_app, NatsServer};
 use serde_json::{json, Value};
 
 #[tokio::test]
@@ -80,93 +80,4 @@ async fn replicas_starting_at_once_on_an_empty_nats_all_come_up() {
         .get("/ojs/v1/events?types=job.enqueued&queues=together")
         .await;
     assert_eq!(events.body["events"].as_array().unwrap().len(), 1);
-}
-
-#[tokio::test]
-async fn when_the_leader_is_killed_another_takes_over_and_pending_timers_fire() {
-    let nats = NatsServer::start();
-    let mut first = GatewayProcess::start(&nats.url, &[]).await;
-    let http = reqwest::Client::new();
-    let post = |base: String, path: &str, body: Value| {
-        let http = http.clone();
-        let url = format!("{base}{path}");
-        async move {
-            http.post(url)
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    };
-    // The first gateway leads (it started alone); the second follows.
-    let mut second = GatewayProcess::start(&nats.url, &[]).await;
-    let job = post(
-        first.base.clone(),
-        "/ojs/v1/jobs",
-        json!({"type": "t.k", "args": [], "options": {"queue": "failover",
-        "retry": {"initial_interval": "PT2S", "jitter": false}}}),
-    )
-    .await;
-    let id = job["job"]["id"].as_str().unwrap().to_string();
-    post(
-        first.base.clone(),
-        "/ojs/v1/workers/fetch",
-        json!({"queues": ["failover"]}),
-    )
-    .await;
-    let failed = post(
-        first.base.clone(),
-        "/ojs/v1/workers/nack",
-        json!({"job_id": id, "error": {"message": "x"}}),
-    )
-    .await;
-    assert_eq!(failed["state"], "retryable");
-
-    first.kill();
-    let killed = Instant::now();
-    // The retry timer set before the kill still fires, through the new leader.
-    let again = eventually(Duration::from_secs(10), "the retry after failover", || {
-        let base = second.base.clone();
-        async move {
-            let r = post(
-                base,
-                "/ojs/v1/workers/fetch",
-                json!({"queues": ["failover"]}),
-            )
-            .await;
-            r["jobs"].as_array().and_then(|j| j.first().cloned())
-        }
-    })
-    .await;
-    assert_eq!(again["id"], id.as_str());
-    assert!(
-        killed.elapsed() < Duration::from_secs(6),
-        "took {:?}",
-        killed.elapsed()
-    );
-    // And the new leader publishes events.
-    let later = post(second.base.clone(), "/ojs/v1/jobs", job_on("failover")).await;
-    let later_id = later["job"]["id"].as_str().unwrap().to_string();
-    eventually(Duration::from_secs(5), "events from the new leader", || {
-        let url = format!(
-            "{}/ojs/v1/events?types=job.enqueued&queues=failover&limit=100",
-            second.base
-        );
-        let http = http.clone();
-        let later_id = later_id.clone();
-        async move {
-            let body: Value = http.get(url).send().await.ok()?.json().await.ok()?;
-            body["events"]
-                .as_array()?
-                .iter()
-                .any(|e| e["subject"] == later_id.as_str())
-                .then_some(())
-        }
-    })
-    .await;
-    second.kill();
 }

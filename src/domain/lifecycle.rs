@@ -267,7 +267,11 @@ pub fn on_deadline(
             Err(_) => Deadline::Stale,
         };
     }
-    Deadline::Expired(Box::new(redispatch(lapse(rec, now, LapseCause::Visibility))))
+    Deadline::Expired(Box::new(redispatch(lapse(
+        rec,
+        now,
+        LapseCause::Visibility,
+    ))))
 }
 
 /// The holder `worker_id` was declared dead: its job goes back to the queue (or is discarded

@@ -1,0 +1,228 @@
+//! The coordinator under load and failure: timer lateness, jobs in backoff not stalling a
+//! queue, and leader failover across gateway processes. Run one at a time, so the numbers
+//! they print are not skewed by each other.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::{eventually, job_on, spawn_app, GatewayProcess, NatsServer};
+use futures::{stream, StreamExt};
+use serde_json::{json, Value};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn ts(v: &Value) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(v.as_str().expect("a timestamp"))
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+/// Enqueues `n` jobs on `queue` in batches of 1000 and claims them all.
+async fn claimed_jobs(app: &common::TestApp, queue: &str, n: usize, retry: Value) -> Vec<String> {
+    for chunk in 0..n.div_ceil(1000) {
+        let size = (n - chunk * 1000).min(1000);
+        let jobs: Vec<_> = (0..size).map(|i| json!({"type": "t.c", "args": [i], "options": {"queue": queue, "retry": retry}})).collect();
+        assert_eq!(
+            app.post("/ojs/v1/jobs/batch", json!({"jobs": jobs}))
+                .await
+                .status,
+            201
+        );
+    }
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": [queue], "count": 1000, "worker_id": "w"}),
+            )
+            .await;
+        let got = r.body["jobs"].as_array().unwrap();
+        assert!(!got.is_empty(), "only {} of {n} claimed", ids.len());
+        ids.extend(got.iter().map(|j| j["id"].as_str().unwrap().to_string()));
+    }
+    ids
+}
+
+/// Fails every job, 32 at a time; returns each job's due time.
+async fn fail_all(app: &common::TestApp, ids: &[String]) -> Vec<(String, DateTime<Utc>)> {
+    stream::iter(ids.iter().cloned())
+        .map(|id| async move {
+            let r = app
+                .post(
+                    "/ojs/v1/workers/nack",
+                    json!({"job_id": id, "error": {"code": "e", "message": "again"}}),
+                )
+                .await;
+            assert_eq!(r.body["state"], "retryable", "{}", r.body);
+            (id, ts(&r.body["next_attempt_at"]))
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::test]
+async fn a_thousand_retries_come_due_within_100_ms() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let ids = claimed_jobs(
+        &app,
+        "backoff",
+        1000,
+        json!({"initial_interval": "PT0.5S", "jitter": false}),
+    )
+    .await;
+    let due = fail_all(&app, &ids).await;
+    let last_due = due.iter().map(|(_, d)| *d).max().unwrap();
+    tokio::time::sleep(
+        (last_due - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(500),
+    )
+    .await;
+    let mut lateness: Vec<i64> = stream::iter(due)
+        .map(|(id, due)| {
+            let app = &app;
+            async move {
+                let job = app.job(&id).await;
+                assert_eq!(job["state"], "available", "{job}");
+                (ts(&job["enqueued_at"]) - due).num_milliseconds()
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    lateness.sort_unstable();
+    let (p50, p99, max) = (
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99),
+        *lateness.last().unwrap(),
+    );
+    println!("retry promotion lateness over 1000 jobs: p50 {p50} ms, p99 {p99} ms, max {max} ms, min {} ms", lateness[0]);
+    assert!(lateness[0] >= 0, "a job became available before its time");
+    assert!(max <= 100, "latest promotion was {max} ms late");
+    // And they are fetchable.
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["backoff"], "count": 1000}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1000);
+}
+
+#[tokio::test]
+async fn five_thousand_jobs_in_backoff_do_not_stall_their_queue() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let ids = claimed_jobs(&app, "crowded", 5000, json!({"initial_interval": "PT1H"})).await;
+    fail_all(&app, &ids).await;
+    let fresh = app.enqueue(job_on("crowded")).await;
+    let started = Instant::now();
+    let got = app.fetch(&["crowded"], "w").await;
+    println!(
+        "fetch with 5000 jobs in backoff on the queue: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(got[0]["id"], fresh.as_str());
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn killing_the_leader_of_three_hands_over_within_five_seconds() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    // Default lease settings: a 3 s time-to-live, renewed every second.
+    let env = [("OJS_LEASE_TTL_MS", "3000")];
+    let mut leader = GatewayProcess::start(&nats.url, &env).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // it takes the lease first
+    let mut others = vec![
+        GatewayProcess::start(&nats.url, &env).await,
+        GatewayProcess::start(&nats.url, &env).await,
+    ];
+    let http = reqwest::Client::new();
+    let call = |base: &str, path: &str, body: Value| {
+        let req = http
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let r = call(
+        &leader.base,
+        "/ojs/v1/jobs",
+        json!({"type": "t.k", "args": [], "options": {"queue": "handover",
+        "retry": {"initial_interval": "PT1S", "jitter": false}}}),
+    )
+    .await;
+    let id = r["job"]["id"].as_str().unwrap().to_string();
+    call(
+        &leader.base,
+        "/ojs/v1/workers/fetch",
+        json!({"queues": ["handover"]}),
+    )
+    .await;
+    let failed = call(
+        &others[0].base,
+        "/ojs/v1/workers/nack",
+        json!({"job_id": id, "error": {"message": "x"}}),
+    )
+    .await;
+    let due = ts(&failed["next_attempt_at"]);
+
+    leader.kill();
+    let killed = Utc::now();
+    let back = eventually(
+        Duration::from_secs(10),
+        "the retry after the leader died",
+        || {
+            let (base, call) = (others[1].base.clone(), &call);
+            async move {
+                let r = call(
+                    &base,
+                    "/ojs/v1/workers/fetch",
+                    json!({"queues": ["handover"]}),
+                )
+                .await;
+                r["jobs"].as_array().and_then(|j| j.first().cloned())
+            }
+        },
+    )
+    .await;
+    let promoted = ts(&back["enqueued_at"]);
+    let handover = (promoted - killed).num_milliseconds();
+    println!("leader killed {} ms before the timer was due; the new leader fired it {handover} ms after the kill", (due - killed).num_milliseconds());
+    assert_eq!(back["id"], id.as_str());
+    assert!(handover <= 5000, "handover took {handover} ms");
+    // The survivors keep publishing events.
+    let later = call(&others[0].base, "/ojs/v1/jobs", job_on("handover")).await["job"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually(Duration::from_secs(5), "events after the handover", || {
+        let url = format!(
+            "{}/ojs/v1/events?types=job.enqueued&queues=handover",
+            others[1].base
+        );
+        let (http, later) = (http.clone(), later.clone());
+        async move {
+            let body: Value = http.get(url).send().await.ok()?.json().await.ok()?;
+            body["events"]
+                .as_array()?
+                .iter()
+                .any(|e| e["subject"] == later.as_str())
+                .then_some(())
+        }
+    })
+    .await;
+    for g in &mut others {
+        g.kill();
+    }
+}

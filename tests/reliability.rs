@@ -1,0 +1,314 @@
+//! Level 1 through the HTTP API: heartbeats, visibility and execution timeouts, dead-worker
+//! recovery, operator directives and the dead letter queue (worker protocol, retry and
+//! dead-letter specs).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer};
+use ojs_jetstream::config::Config;
+use serde_json::{json, Value};
+
+async fn state_of(app: &common::TestApp, id: &str) -> Value {
+    app.job(id).await
+}
+
+#[tokio::test]
+async fn heartbeats_extend_the_reservation_and_silence_lets_it_lapse() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(json!({"type": "t.v", "args": [], "options": {"queue": "vis", "visibility_timeout_ms": 1000}}))
+        .await;
+    app.fetch(&["vis"], "w1").await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let r = app
+            .post(
+                "/ojs/v1/workers/heartbeat",
+                json!({"worker_id": "w1", "active_jobs": [id]}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["state"], "running");
+        assert_eq!(r.body["jobs_extended"], json!([id]));
+    }
+    assert_eq!(
+        state_of(&app, &id).await["state"],
+        "active",
+        "heartbeats kept it"
+    );
+    // Silence: the reservation lapses and the job is back, attempt kept, error recorded.
+    let silent = Instant::now();
+    let job = eventually(Duration::from_secs(3), "the lapse", || async {
+        let j = app.job(&id).await;
+        (j["state"] == "available").then_some(j)
+    })
+    .await;
+    let waited = silent.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_millis(2000),
+        "lapsed after {waited:?}"
+    );
+    assert_eq!(job["attempt"], 1);
+    assert_eq!(job["error"]["type"], "visibility_timeout");
+    let again = app.fetch(&["vis"], "w2").await;
+    assert_eq!(again[0]["attempt"], 2);
+    // The first holder's late ACK is refused.
+    app.post(
+        "/ojs/v1/workers/ack",
+        json!({"job_id": id, "worker_id": "w1"}),
+    )
+    .await
+    .assert_error(409, "conflict");
+    let r = app
+        .post(
+            "/ojs/v1/workers/ack",
+            json!({"job_id": id, "worker_id": "w2"}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "completed");
+}
+
+#[tokio::test]
+async fn a_job_running_past_its_timeout_fails_with_timeout() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(
+            json!({"type": "t.t", "args": [], "options": {"queue": "slow", "timeout_ms": 700,
+            "retry": {"max_attempts": 2, "initial_interval": "PT30S"}}}),
+        )
+        .await;
+    app.fetch(&["slow"], "w").await;
+    let started = Instant::now();
+    // Heartbeats do not stop an execution timeout.
+    app.post(
+        "/ojs/v1/workers/heartbeat",
+        json!({"worker_id": "w", "active_job_ids": [id], "active_jobs": 1}),
+    )
+    .await;
+    let job = eventually(Duration::from_secs(3), "the timeout", || async {
+        let j = app.job(&id).await;
+        (j["state"] == "retryable").then_some(j)
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1700),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(job["error"]["code"], "timeout");
+    assert_eq!(job["error"]["type"], "timeout");
+    app.post("/ojs/v1/workers/ack", json!({"job_id": id}))
+        .await
+        .assert_error(409, "conflict");
+}
+
+#[tokio::test]
+async fn a_worker_that_stops_heartbeating_loses_its_jobs() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        heartbeat_timeout_ms: 1500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app.enqueue(job_on("crew")).await;
+    app.fetch(&["crew"], "doomed").await;
+    // A worker that never heartbeats is never declared dead (only its reservation counts).
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "doomed", "active_jobs": [id], "hostname": "h1"}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let last_beat = Instant::now();
+    let worker = app.get("/ojs/v1/admin/workers/doomed").await;
+    assert_eq!(worker.body["worker"]["active_job_ids"], json!([id]));
+    assert_eq!(worker.body["worker"]["info"]["hostname"], "h1");
+    let job = eventually(Duration::from_secs(5), "dead-worker recovery", || async {
+        let j = app.job(&id).await;
+        (j["state"] == "available").then_some(j)
+    })
+    .await;
+    let after = last_beat.elapsed();
+    println!(
+        "dead-worker recovery: job available {after:?} after the last heartbeat (timeout 1.5 s)"
+    );
+    assert!(
+        after >= Duration::from_millis(1400) && after < Duration::from_millis(2500),
+        "{after:?}"
+    );
+    assert_eq!(job["error"]["type"], "worker_death");
+    app.get("/ojs/v1/admin/workers/doomed")
+        .await
+        .assert_error(404, "not_found");
+    assert_eq!(app.fetch(&["crew"], "w2").await[0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn operators_quiet_and_terminate_workers_through_heartbeats() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let beat = || {
+        app.post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w.9/x", "active_jobs": 0, "state": "running"}),
+        )
+    };
+    let r = beat().await;
+    assert_eq!(
+        (r.body["state"].clone(), r.body["directive"].clone()),
+        (json!("running"), json!(""))
+    );
+    assert!(r.body["server_time"].is_string());
+    let r = app
+        .post("/ojs/v1/admin/workers/w.9%2Fx/quiet", json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(beat().await.body["state"], "quiet");
+    app.post("/ojs/v1/admin/workers/w.9%2Fx/terminate", json!({}))
+        .await;
+    assert_eq!(beat().await.body["directive"], "terminate");
+    // Directives never go back.
+    app.post("/ojs/v1/admin/workers/w.9%2Fx/quiet", json!({}))
+        .await;
+    assert_eq!(beat().await.body["state"], "terminate");
+    app.post("/ojs/v1/admin/workers/nobody/quiet", json!({}))
+        .await
+        .assert_error(404, "not_found");
+    app.post("/ojs/v1/workers/heartbeat", json!({"active_jobs": []}))
+        .await
+        .assert_error(400, "invalid_request");
+    app.post(
+        "/ojs/v1/workers/heartbeat",
+        json!({"worker_id": "w", "active_jobs": "x"}),
+    )
+    .await
+    .assert_error(400, "invalid_request");
+}
+
+#[tokio::test]
+async fn a_cancelled_job_is_reported_on_the_next_heartbeat() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app.enqueue(job_on("stop")).await;
+    app.fetch(&["stop"], "w").await;
+    app.delete(&format!("/ojs/v1/jobs/{id}")).await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w", "active_jobs": [id]}),
+        )
+        .await;
+    assert_eq!(r.body["jobs_cancelled"], json!([id]));
+    assert_eq!(r.body["jobs_extended"], json!([]));
+}
+
+#[tokio::test]
+async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let dlq = |queue: &str| json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}});
+    let mut ids = Vec::new();
+    for queue in ["dl-a", "dl-a", "dl-b"] {
+        let id = app.enqueue(dlq(queue)).await;
+        app.fetch(&[queue], "w").await;
+        let r = app
+            .post(
+                "/ojs/v1/workers/nack",
+                json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
+            )
+            .await;
+        assert_eq!(r.body["state"], "discarded");
+        ids.push(id);
+    }
+    // A plain discard is not dead-lettered.
+    let plain = app.enqueue(json!({"type": "t.d", "args": [], "options": {"queue": "dl-a", "retry": {"max_attempts": 1}}})).await;
+    app.fetch(&["dl-a"], "w").await;
+    app.post(
+        "/ojs/v1/workers/nack",
+        json!({"job_id": plain, "error": {"message": "no"}}),
+    )
+    .await;
+
+    let all = app.get("/ojs/v1/dead-letter").await;
+    assert_eq!(all.status, 200);
+    let listed: Vec<&str> = all.body["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [ids[2].as_str(), ids[1].as_str(), ids[0].as_str()],
+        "newest first"
+    );
+    assert_eq!(all.body["pagination"]["total"], 3);
+    assert_eq!(all.body["jobs"][0]["errors"].as_array().unwrap().len(), 1);
+    let a = app.get("/ojs/v1/dead-letter?queue=dl-a&limit=1").await;
+    assert_eq!(a.body["jobs"][0]["id"], ids[1].as_str());
+    assert_eq!(a.body["pagination"]["total"], 2);
+    assert_eq!(a.body["pagination"]["has_more"], true);
+    let a2 = app
+        .get("/ojs/v1/dead-letter?queue=dl-a&limit=1&offset=1")
+        .await;
+    assert_eq!(a2.body["jobs"][0]["id"], ids[0].as_str());
+    assert_eq!(
+        app.get(&format!("/ojs/v1/dead-letter/{}", ids[0]))
+            .await
+            .body["job"]["state"],
+        "discarded"
+    );
+    app.get(&format!("/ojs/v1/dead-letter/{plain}"))
+        .await
+        .assert_error(404, "not_found");
+
+    let r = app
+        .post(&format!("/ojs/v1/dead-letter/{}/retry", ids[0]), json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.body["job"]["state"].clone(),
+            r.body["job"]["attempt"].clone()
+        ),
+        (json!("available"), json!(0))
+    );
+    let fetched = app.fetch(&["dl-a"], "w").await;
+    assert_eq!(
+        (
+            fetched[0]["id"].as_str().unwrap(),
+            fetched[0]["attempt"].clone()
+        ),
+        (ids[0].as_str(), json!(1))
+    );
+    app.post(&format!("/ojs/v1/dead-letter/{}/retry", ids[0]), json!({}))
+        .await
+        .assert_error(409, "conflict");
+
+    let r = app.delete(&format!("/ojs/v1/dead-letter/{}", ids[1])).await;
+    assert_eq!(r.body, json!({"deleted": true, "job_id": ids[1]}));
+    app.get(&format!("/ojs/v1/jobs/{}", ids[1]))
+        .await
+        .assert_error(404, "not_found");
+    let left: Vec<String> = app.get("/ojs/v1/dead-letter").await.body["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(left, [ids[2].clone()]);
+    app.post(
+        "/ojs/v1/dead-letter/019539a4-0000-7000-8000-000000000000/retry",
+        json!({}),
+    )
+    .await
+    .assert_error(404, "not_found");
+    app.get("/ojs/v1/dead-letter?limit=-1")
+        .await
+        .assert_error(400, "invalid_request");
+}

@@ -484,3 +484,42 @@ async fn scheduled_jobs_become_available_at_their_time_not_before() {
     assert_eq!(job["id"], id.as_str());
     assert!(job["enqueued_at"].is_string());
 }
+
+#[tokio::test]
+async fn jobs_not_started_by_expires_at_are_discarded_without_running() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let soon = |ms: i64| (chrono::Utc::now() + chrono::Duration::milliseconds(ms)).to_rfc3339();
+    let waiting = app.enqueue(json!({"type": "t.x", "args": [], "options": {"queue": "ttl", "expires_at": soon(600)}})).await;
+    let scheduled = app
+        .enqueue(json!({"type": "t.x", "args": [], "options": {"queue": "ttl", "expires_at": soon(600), "scheduled_at": "+PT2S"}}))
+        .await;
+    let keeps = app
+        .enqueue(json!({"type": "t.x", "args": [], "options": {"queue": "ttl-ok", "expires_at": "2099-12-31T23:59:59Z"}}))
+        .await;
+    for id in [&waiting, &scheduled] {
+        let job = eventually(Duration::from_secs(3), "expiry", || async {
+            let j = app.job(id).await;
+            (j["state"] == "discarded").then_some(j)
+        })
+        .await;
+        assert!(job["discarded_at"].is_string());
+    }
+    assert!(
+        app.fetch(&["ttl"], "w").await.is_empty(),
+        "an expired job was handed out"
+    );
+    let events = eventually(Duration::from_secs(3), "job.expired events", || async {
+        let r = app.get("/ojs/v1/events?types=job.expired").await;
+        let e = r.body["events"].as_array().unwrap().clone();
+        (e.len() == 2).then_some(e)
+    })
+    .await;
+    assert!(events[0]["data"]["ttl_ms"].as_i64().unwrap() > 0);
+    assert!(
+        events[0]["data"]["expired_at"].is_string() && events[0]["data"]["created_at"].is_string()
+    );
+    let job = app.fetch(&["ttl-ok"], "w").await;
+    assert_eq!(job[0]["id"], keeps.as_str());
+    assert_eq!(job[0]["expires_at"], "2099-12-31T23:59:59Z");
+}

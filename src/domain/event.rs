@@ -129,6 +129,24 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
                 )],
             )
         }
+        Transition::Expired => {
+            let ttl_ms = job
+                .expires_at
+                .as_deref()
+                .and_then(time::parse)
+                .map(|at| (at - job.created_at).num_milliseconds().max(0));
+            (
+                job.discarded_at,
+                vec![(
+                    "job.expired",
+                    with(json!({
+                        "created_at": time::format(job.created_at),
+                        "expired_at": job.discarded_at.map(time::format),
+                        "ttl_ms": ttl_ms,
+                    })),
+                )],
+            )
+        }
         Transition::Redelivered => (None, vec![]),
     };
     let at = at.unwrap_or(job.created_at);

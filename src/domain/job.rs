@@ -167,6 +167,8 @@ pub enum Transition {
     Heartbeat,
     /// `discarded → available` by an operator's dead-letter retry.
     Retried,
+    /// `scheduled | available | retryable → discarded`: `expires_at` passed before it ran.
+    Expired,
 }
 
 /// The value kept in the jobs bucket under the job id.

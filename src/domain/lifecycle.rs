@@ -372,6 +372,9 @@ pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsErr
 /// A timer for dispatch `dispatch` came due: a retryable or scheduled job becomes available
 /// under the next dispatch (core §6.4). `None` when the timer is stale — the job moved on.
 pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<JobRecord> {
+    if let Some(expired) = expire(rec, now) {
+        return Some(expired);
+    }
     let due_at = match rec.job.state {
         JobState::Retryable => rec.job.next_attempt_at,
         JobState::Scheduled => rec.job.scheduled_at.as_deref().and_then(super::time::parse),
@@ -387,6 +390,28 @@ pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<Job
     next.job.next_attempt_at = None;
     next.dispatch += 1;
     next.transition = Transition::Promoted;
+    Some(next)
+}
+
+/// Core §5.2: a job whose `expires_at` has passed before it started is discarded without
+/// running, whether it waits scheduled, available or retryable. `None` when it has not
+/// expired (or has no `expires_at`, or is past waiting).
+pub fn expire(rec: &JobRecord, now: DateTime<Utc>) -> Option<JobRecord> {
+    let waiting = matches!(
+        rec.job.state,
+        JobState::Scheduled | JobState::Available | JobState::Retryable
+    );
+    let deadline = rec.job.expires_at.as_deref().and_then(super::time::parse)?;
+    if !waiting || deadline > now {
+        return None;
+    }
+    let mut next = rec.clone();
+    let job = &mut next.job;
+    job.state = JobState::Discarded;
+    job.completed_at = Some(now);
+    job.discarded_at = Some(now);
+    job.next_attempt_at = None;
+    next.transition = Transition::Expired;
     Some(next)
 }
 
@@ -675,6 +700,27 @@ mod tests {
         assert_eq!(again.dispatch, dead.dispatch + 1);
         assert_eq!(again.job.errors.len(), 1);
         assert!(again.job.error.is_none() && again.job.discarded_at.is_none());
+    }
+
+    #[test]
+    fn waiting_jobs_expire_and_running_ones_do_not() {
+        let soon = json!({"expires_at": "2026-02-12T10:30:01Z"});
+        let later = now() + chrono::Duration::seconds(2);
+        assert!(expire(&record(soon.clone()), now()).is_none(), "not yet");
+        let gone = expire(&record(soon.clone()), later).unwrap();
+        assert_eq!(
+            (gone.job.state, gone.transition),
+            (JobState::Discarded, Transition::Expired)
+        );
+        assert!(expire(&active(soon.clone(), None), later).is_none());
+        assert!(expire(&record(json!({})), later).is_none());
+        let retry = fail(&active(soon, None), now(), None, &failure(true), false, 1.0).unwrap();
+        let promoted = promote(&retry, later, retry.dispatch).unwrap();
+        assert_eq!(
+            promoted.job.state,
+            JobState::Discarded,
+            "an expired retry is not run"
+        );
     }
 
     #[test]

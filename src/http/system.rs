@@ -49,7 +49,7 @@ pub async fn manifest() -> Response {
                 "cron_jobs": false,
                 "dead_letter": true,
                 "delayed_jobs": true,
-                "job_ttl": false,
+                "job_ttl": true,
                 "priority_queues": true,
                 "rate_limiting": false,
                 "schema_validation": false,

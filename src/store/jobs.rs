@@ -107,14 +107,22 @@ impl Store {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
 
-        // Queue messages for available jobs, timers for scheduled ones: all stored before
-        // any record exists.
+        // Queue messages for available jobs, timers for scheduled ones and for expiry: all
+        // stored before any record exists.
         let mut acks = Vec::new();
         for rec in &records {
             if rec.dispatch > 0 {
                 acks.push(self.send_dispatch(rec).await?);
             } else if let Some(at) = scheduled_instant(rec) {
                 acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
+            }
+            if let Some(at) = rec
+                .job
+                .expires_at
+                .as_deref()
+                .and_then(crate::domain::time::parse)
+            {
+                acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
             }
         }
         for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
@@ -336,9 +344,17 @@ impl Store {
                 .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
                 .unwrap_or(self.inner.visibility_timeout);
             let next = match rec.job.state {
-                JobState::Available => {
-                    lifecycle::claim(&rec, now, req.worker_id.as_deref(), &delivery, visibility)?
-                }
+                // Core §5.2: an expired job is never handed out.
+                JobState::Available => match lifecycle::expire(&rec, now) {
+                    Some(expired) => expired,
+                    None => lifecycle::claim(
+                        &rec,
+                        now,
+                        req.worker_id.as_deref(),
+                        &delivery,
+                        visibility,
+                    )?,
+                },
                 JobState::Active => match &rec.holder {
                     // A second message for this dispatch (a repeated publish): spent.
                     Some(h) if h.sequence != delivery.sequence => {

@@ -33,6 +33,8 @@ pub enum TimerKind {
     Deadline,
     /// A worker that stopped heartbeating is declared dead; `id` is the worker id.
     Worker,
+    /// A waiting job's `expires_at` passes.
+    Expire,
 }
 
 /// A due time for one dispatch (and attempt) of one job, or for one worker.
@@ -60,6 +62,14 @@ impl Timer {
             dispatch: rec.dispatch,
             attempt: rec.job.attempt,
             due,
+        }
+    }
+
+    /// The timer that discards a job still waiting at `due`.
+    pub fn expire(rec: &JobRecord, due: DateTime<Utc>) -> Timer {
+        Timer {
+            kind: TimerKind::Expire,
+            ..Timer::promote(rec, due)
         }
     }
 
@@ -154,6 +164,10 @@ impl Store {
                 .map(drop),
             TimerKind::Deadline => self.fire_deadline(timer).await,
             TimerKind::Worker => self.worker_expired(&timer.id).await,
+            TimerKind::Expire => self
+                .transition(&timer.id, |rec, now| Ok(lifecycle::expire(rec, now)))
+                .await
+                .map(drop),
         };
         match fired {
             Err(err) if err.code == ErrorCode::NotFound => Ok(()),

@@ -5,7 +5,7 @@
 #
 # Each argument is a suite directory under $OJS_SHARED_DIR/conformance/suites (default
 # shared dir: ../shared beside the repo) or a path to one. A private nats-server (JetStream,
-# temp store, free loopback port) and a release-built gateway (admin reset enabled, repo
+# temp store, free loopback port) and a gateway (admin reset enabled, repo
 # config ignored) are started, the runner is pointed at them, and both are stopped
 # afterwards, whatever happens. Exits with the runner's status.
 # NATS_SERVER_BIN picks the nats-server; otherwise scripts/ensure-nats.sh finds one.
@@ -38,9 +38,11 @@ for level in "$@"; do
 done
 
 cd "$repo"
-echo "conformance: building the release binary" >&2
-cargo build --release
-gateway_bin="${CARGO_TARGET_DIR:-$repo/target}/release/ojs-jetstream"
+# The optimized dev profile (Cargo.toml) is the one the tests build, so after a test run
+# this build has nothing left to do.
+echo "conformance: building the gateway" >&2
+cargo build
+gateway_bin="${CARGO_TARGET_DIR:-$repo/target}/debug/ojs-jetstream"
 
 nats_bin="${NATS_SERVER_BIN:-}"
 if [[ -z "$nats_bin" || ! -x "$nats_bin" ]]; then

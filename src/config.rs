@@ -148,16 +148,16 @@ impl Config {
         if self.max_job_bytes > self.max_body_bytes {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
-        if [
-            self.visibility_timeout_ms,
-            self.execution_timeout_ms,
-            self.heartbeat_timeout_ms,
-            self.ack_wait_secs,
-            self.nats_timeout_ms,
-        ]
-        .contains(&0)
-        {
-            return invalid("visibility_timeout_ms", "timeouts must be positive");
+        for (field, value) in [
+            ("visibility_timeout_ms", self.visibility_timeout_ms),
+            ("execution_timeout_ms", self.execution_timeout_ms),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("ack_wait_secs", self.ack_wait_secs),
+            ("nats_timeout_ms", self.nats_timeout_ms),
+        ] {
+            if value == 0 {
+                return invalid(field, "must be positive");
+            }
         }
         Ok(())
     }

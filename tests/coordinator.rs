@@ -226,3 +226,54 @@ async fn killing_the_leader_of_three_hands_over_within_five_seconds() {
         g.kill();
     }
 }
+
+#[tokio::test]
+async fn ten_thousand_jobs_scheduled_for_one_instant_are_available_within_a_second() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let at = Utc::now() + chrono::Duration::seconds(8);
+    let at_text = at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let jobs: Vec<_> = (0..1000).map(|i| json!({"type": "t.s", "args": [i], "options": {"queue": "instant", "scheduled_at": at_text}})).collect();
+        let r = app.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+        assert_eq!(r.status, 201);
+        ids.extend(
+            r.body["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_str().unwrap().to_string()),
+        );
+    }
+    assert!(
+        Utc::now() < at,
+        "enqueueing took too long for the test's margin"
+    );
+    tokio::time::sleep(
+        (at - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(1500),
+    )
+    .await;
+    let mut lateness: Vec<i64> = stream::iter(ids)
+        .map(|id| {
+            let app = &app;
+            async move {
+                let job = app.job(&id).await;
+                assert_eq!(job["state"], "available", "{job}");
+                (ts(&job["enqueued_at"]) - at).num_milliseconds()
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    lateness.sort_unstable();
+    let (p50, p99, max) = (
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99),
+        *lateness.last().unwrap(),
+    );
+    println!("10,000 jobs due at one instant: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms, min {} ms", lateness[0]);
+    assert!(lateness[0] >= 0, "a job became available before its time");
+    assert!(max <= 1000, "the last one was {max} ms late");
+}

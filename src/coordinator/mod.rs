@@ -2,6 +2,7 @@
 //! runs a [`Coordinator`]; the one holding the coordinator lease leads and runs the leader
 //! services until it loses the lease or shuts down.
 
+mod cron;
 mod event_publisher;
 mod scheduler;
 
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::store::Store;
+pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use scheduler::Scheduler;
 
@@ -53,8 +55,9 @@ impl Coordinator {
                     let token = cancel.child_token();
                     let publisher = EventPublisher::new(self.store.clone()).run(token.clone());
                     let scheduler = Scheduler::new(self.store.clone()).run(token.clone());
+                    let cron = CronScheduler::new(self.store.clone()).run(token.clone());
                     let services = tokio::spawn(async move {
-                        tokio::join!(publisher, scheduler);
+                        tokio::join!(publisher, scheduler, cron);
                     });
                     leading = Some((token, services));
                 }

@@ -1,4 +1,5 @@
-//! Leader service: fires timers when they come due (retry backoff, scheduled jobs), driven
+//! Leader service: fires timers when they come due (retry backoff, scheduled jobs, expiry,
+//! job deadlines, silent workers), driven
 //! by a timer heap, not by polling. All pending timers are held in memory, ordered by due
 //! time; firing runs concurrently so thousands due at one instant finish together.
 
@@ -15,7 +16,7 @@ use tracing::warn;
 use crate::store::{PendingTimer, Store};
 
 /// Timers fired at once; each is a few NATS round trips.
-const CONCURRENCY: usize = 64;
+const CONCURRENCY: usize = 256;
 
 pub struct Scheduler {
     store: Store,

@@ -5,9 +5,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use uuid::Uuid;
 
-use super::job::{JobError, JobRecord, Transition};
+use super::job::{stable_uuid, JobError, JobRecord, Transition};
 use super::state::JobState;
 use super::time;
 
@@ -155,7 +154,10 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
         .enumerate()
         .map(|(i, (event_type, data))| Event {
             specversion: "1.0".into(),
-            id: format!("evt_{}", event_id(&job.id, revision, i, at)),
+            id: format!(
+                "evt_{}",
+                stable_uuid(&format!("{}/{revision}/{i}", job.id), at)
+            ),
             event_type: event_type.into(),
             source: source.into(),
             time: at,
@@ -183,28 +185,11 @@ fn error_data(e: Option<&JobError>) -> Value {
     }
 }
 
-/// A UUIDv7 whose time is the transition's and whose random bits are a hash of the write's
-/// identity, so the same write always yields the same id (events seed §2.3).
-fn event_id(job_id: &str, revision: u64, index: usize, at: DateTime<Utc>) -> Uuid {
-    let seed = format!("{job_id}/{revision}/{index}");
-    let a = fnv1a(seed.as_bytes(), 0xcbf2_9ce4_8422_2325);
-    let b = fnv1a(seed.as_bytes(), a ^ 0x9e37_79b9_7f4a_7c15);
-    let mut bytes = [0u8; 10];
-    bytes[..8].copy_from_slice(&a.to_be_bytes());
-    bytes[8..].copy_from_slice(&b.to_be_bytes()[..2]);
-    uuid::Builder::from_unix_timestamp_millis(at.timestamp_millis().max(0) as u64, &bytes)
-        .into_uuid()
-}
-
-fn fnv1a(data: &[u8], seed: u64) -> u64 {
-    data.iter().fold(seed, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use uuid::Uuid;
 
     use super::*;
     use crate::domain::{envelope, lifecycle};

@@ -191,3 +191,22 @@ impl JobRecord {
         serde_json::to_vec(self).expect("a job record always serializes")
     }
 }
+
+/// A UUIDv7 whose time is `at` and whose random bits are a hash of `seed`: the same seed and
+/// time always give the same id. Event ids and cron tick job ids use it, so that redoing the
+/// same work after a crash is recognised as a repeat (events seed §2.3).
+pub fn stable_uuid(seed: &str, at: DateTime<Utc>) -> uuid::Uuid {
+    let a = fnv1a(seed.as_bytes(), 0xcbf2_9ce4_8422_2325);
+    let b = fnv1a(seed.as_bytes(), a ^ 0x9e37_79b9_7f4a_7c15);
+    let mut bytes = [0u8; 10];
+    bytes[..8].copy_from_slice(&a.to_be_bytes());
+    bytes[8..].copy_from_slice(&b.to_be_bytes()[..2]);
+    uuid::Builder::from_unix_timestamp_millis(at.timestamp_millis().max(0) as u64, &bytes)
+        .into_uuid()
+}
+
+fn fnv1a(data: &[u8], seed: u64) -> u64 {
+    data.iter().fold(seed, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}

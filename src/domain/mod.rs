@@ -1,6 +1,7 @@
 //! Pure OJS: the envelope, its validation, the state machine, retry math and events.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
+pub mod cron;
 pub mod duration;
 pub mod envelope;
 pub mod error;

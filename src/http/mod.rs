@@ -2,6 +2,7 @@
 //! (content type, `OJS-Version`, `X-Request-Id`, error bodies) and request metrics.
 
 mod admin;
+mod cron;
 mod dead_letter;
 mod error;
 mod events;
@@ -69,7 +70,9 @@ pub fn router(state: SharedState) -> Router {
             "/ojs/v1/admin/workers/{id}/terminate",
             post(admin::terminate),
         )
-        .route("/ojs/v1/events", get(events::list));
+        .route("/ojs/v1/events", get(events::list))
+        .route("/ojs/v1/cron", post(cron::register).get(cron::list))
+        .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete));
     if state.config.allow_reset {
         api = api.route("/ojs/v1/admin/reset", post(admin::reset));
     }

@@ -379,6 +379,8 @@ impl Store {
                     return Ok(None);
                 }
             };
+            let mut next = next;
+            self.prepare(&rec, &mut next).await?;
             // A claim sets the job's deadline timer, sent just before the write on the same
             // connection so it costs no extra round trip. If it is lost, JetStream's
             // ack-wait redelivery is the backstop.
@@ -477,11 +479,9 @@ impl Store {
         Ok(settled.after.job)
     }
 
-    /// Reads, decides with `decide`, writes with a revision check, and retries the whole
-    /// decision when another writer came first. A decision that makes the job available
-    /// under a new dispatch publishes that dispatch's message before the record changes, one
-    /// that makes it wait publishes its timer first, and a discard into the dead letter queue
-    /// publishes the dead-letter entry first.
+    /// Reads, decides with `decide`, stores what the decision needs first (`prepare`),
+    /// writes with a revision check, and retries the whole decision when another writer came
+    /// first.
     pub(super) async fn transition<F>(&self, id: &str, decide: F) -> Result<Settled, OjsError>
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
@@ -496,30 +496,7 @@ impl Store {
                     before,
                 });
             };
-            if after.job.state == JobState::Available && after.dispatch > before.dispatch {
-                self.inner
-                    .queues
-                    .ensure(&after.job.queue, after.job.priority, Utc::now())
-                    .await?;
-                self.send_dispatch(&after)
-                    .await?
-                    .await
-                    .map_err(backend("publishing a job to its queue"))?;
-            }
-            if let (JobState::Retryable, Some(due)) = (after.job.state, after.job.next_attempt_at) {
-                if before.job.state != JobState::Retryable {
-                    self.send_timer(&Timer::promote(&after, due))
-                        .await?
-                        .await
-                        .map_err(backend("publishing a timer"))?;
-                }
-            }
-            let dead_lettered = after.job.state == JobState::Discarded
-                && before.job.state != JobState::Discarded
-                && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
-            if dead_lettered {
-                after.dead_letter = Some(self.add_dead_letter(&after).await?);
-            }
+            self.prepare(&before, &mut after).await?;
             if self.write(id, &after, revision).await?.is_some() {
                 return Ok(Settled { before, after });
             }
@@ -528,6 +505,39 @@ impl Store {
             ErrorCode::Conflict,
             format!("Job '{id}' is changing too fast; retry."),
         ))
+    }
+
+    /// What must be stored before a transition is written, so that no crash between the two
+    /// can strand the job: the queue message of a new dispatch, the timer of a retry wait,
+    /// the dead-letter entry of a discard into the dead letter queue (whose sequence the
+    /// record then names).
+    async fn prepare(&self, before: &JobRecord, after: &mut JobRecord) -> Result<(), OjsError> {
+        if after.job.state == JobState::Available && after.dispatch > before.dispatch {
+            self.inner
+                .queues
+                .ensure(&after.job.queue, after.job.priority, Utc::now())
+                .await?;
+            self.send_dispatch(after)
+                .await?
+                .await
+                .map_err(backend("publishing a job to its queue"))?;
+        }
+        if let (JobState::Retryable, Some(due)) = (after.job.state, after.job.next_attempt_at) {
+            if before.job.state != JobState::Retryable {
+                self.send_timer(&Timer::promote(after, due))
+                    .await?
+                    .await
+                    .map_err(backend("publishing a timer"))?;
+            }
+        }
+        let dead_lettered = after.job.state == JobState::Discarded
+            && before.job.state != JobState::Discarded
+            && after.transition == Transition::Failed
+            && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
+        if dead_lettered {
+            after.dead_letter = Some(self.add_dead_letter(after).await?);
+        }
+        Ok(())
     }
 
     /// After a job leaves `active`, its queue message is acknowledged through the subject

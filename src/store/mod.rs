@@ -1,11 +1,13 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
 //! handle shared by the HTTP handlers and the coordinator.
 
+mod cron;
 mod dead_letter;
 mod error;
 mod events;
 mod jobs;
 mod lease;
+mod mirror;
 mod puller;
 mod queues;
 mod timers;
@@ -22,6 +24,7 @@ use tracing::info;
 use crate::config::Config;
 use crate::domain::error::{ErrorCode, OjsError};
 
+pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
@@ -45,13 +48,17 @@ struct Inner {
     jobs: kv::Store,
     leases: kv::Store,
     workers: kv::Store,
+    cron_kv: kv::Store,
+    /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
+    cron: cron::CronMirror,
     queues: QueueRegistry,
     /// The events stream, for queries.
     events: jetstream::stream::Stream,
     /// The dead-letter stream, for listings.
     dead_letter: jetstream::stream::Stream,
-    /// Event `source` URI of this gateway.
+    /// Event `source` URI of this gateway's API, and of its cron scheduler.
     source: String,
+    cron_source: String,
     /// Default reservation of a fetched job.
     visibility_timeout: Duration,
     /// Default execution timeout of a job.
@@ -115,6 +122,9 @@ impl Store {
             Duration::ZERO,
         )
         .await?;
+        let cron_kv =
+            ensure_bucket(&js, &topology, &topology.cron_bucket(), 1, Duration::ZERO).await?;
+        let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
         let leases = ensure_bucket(
             &js,
             &topology,
@@ -138,10 +148,13 @@ impl Store {
                 jobs,
                 leases,
                 workers,
+                cron_kv,
+                cron,
                 queues,
                 events,
                 dead_letter,
                 source: format!("ojs://{}/api", cfg.service_name),
+                cron_source: format!("ojs://{}/cron", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
                 execution_timeout: Duration::from_millis(cfg.execution_timeout_ms),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
@@ -196,6 +209,7 @@ impl Store {
             format!("KV_{}", t.jobs_bucket()),
             format!("KV_{}", t.queues_bucket()),
             format!("KV_{}", t.workers_bucket()),
+            format!("KV_{}", t.cron_bucket()),
             t.events_stream(),
             t.timers_stream(),
             t.dead_letter_stream(),
@@ -216,6 +230,7 @@ impl Store {
             stream.purge().await.map_err(backend("purging a stream"))?;
         }
         self.inner.queues.clear();
+        self.inner.cron.clear();
         self.inner
             .client
             .publish(t.reset_subject(), bytes::Bytes::new())

@@ -3,17 +3,16 @@
 //! in memory by a watch so FETCH needs no lookup on its hot path.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::Arc;
 
 use async_nats::jetstream::{self, consumer::PullConsumer, kv};
 
-use super::puller::Puller;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tracing::warn;
 
 use super::error::backend;
+use super::mirror::Mirror;
+use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
 use crate::domain::error::OjsError;
 use crate::domain::time;
@@ -39,78 +38,46 @@ struct Registry {
     js: jetstream::Context,
     topology: Topology,
     kv: kv::Store,
-    /// Each entry with the bucket revision it was read at, so a late watch update never
-    /// replaces a newer local write.
-    queues: RwLock<HashMap<String, (u64, QueueMeta)>>,
+    /// The queues bucket, keyed by encoded queue name.
+    queues: Arc<Mirror<QueueMeta>>,
     pullers: tokio::sync::Mutex<HashMap<(String, i32), Puller>>,
 }
 
 impl QueueRegistry {
-    /// Loads the registry and keeps it current: a watch on the bucket for changes made by any
-    /// replica, and the reset announcement.
+    /// Loads the registry and keeps it current with the bucket and the reset announcement.
     pub async fn start(
         client: async_nats::Client,
         js: jetstream::Context,
         topology: Topology,
         kv: kv::Store,
     ) -> Result<QueueRegistry, OjsError> {
-        let mut watch = kv
-            .watch_with_history(">")
-            .await
-            .map_err(backend("watching the queues bucket"))?;
-        let mut resets = client
-            .subscribe(topology.reset_subject())
-            .await
-            .map_err(backend("subscribing to resets"))?;
-        let inner = Arc::new(Registry {
-            js,
-            topology,
-            kv,
-            queues: RwLock::new(HashMap::new()),
-            pullers: tokio::sync::Mutex::new(HashMap::new()),
-        });
-        let weak: Weak<Registry> = Arc::downgrade(&inner);
-        tokio::spawn(async move {
-            while let Some(entry) = watch.next().await {
-                let Some(reg) = weak.upgrade() else { break };
-                match entry {
-                    Ok(entry) if entry.operation == kv::Operation::Put => {
-                        match serde_json::from_slice::<QueueMeta>(&entry.value) {
-                            Ok(meta) => reg.remember(meta, entry.revision),
-                            Err(err) => {
-                                warn!(key = %entry.key, error = %err, "unreadable queue entry")
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(err) => warn!(error = %err, "queue watch failed"),
-                }
-            }
-        });
-        let weak = Arc::downgrade(&inner);
-        tokio::spawn(async move {
-            while resets.next().await.is_some() {
-                let Some(reg) = weak.upgrade() else { break };
-                reg.clear();
-            }
-        });
-        Ok(QueueRegistry { inner })
+        let queues = Mirror::start(&kv, &client, topology.reset_subject()).await?;
+        Ok(QueueRegistry {
+            inner: Arc::new(Registry {
+                js,
+                topology,
+                kv,
+                queues,
+                pullers: tokio::sync::Mutex::new(HashMap::new()),
+            }),
+        })
     }
 
     /// Forgets everything cached (after a reset).
     pub fn clear(&self) {
-        self.inner.clear();
+        self.inner.queues.clear();
     }
 
     /// The queue's entry: from memory, else from the bucket.
     pub async fn lookup(&self, queue: &str) -> Result<Option<QueueMeta>, OjsError> {
-        if let Some(meta) = self.inner.cached(queue) {
+        let key = encode_queue(queue);
+        if let Some(meta) = self.inner.queues.get(&key) {
             return Ok(Some(meta));
         }
         let entry = self
             .inner
             .kv
-            .entry(encode_queue(queue))
+            .entry(&key)
             .await
             .map_err(backend("reading a queue entry"))?;
         let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
@@ -118,7 +85,9 @@ impl QueueRegistry {
         };
         let meta = serde_json::from_slice::<QueueMeta>(&entry.value).ok();
         if let Some(meta) = &meta {
-            self.inner.remember(meta.clone(), entry.revision);
+            self.inner
+                .queues
+                .remember(&key, entry.revision, Some(meta.clone()));
         }
         Ok(meta)
     }
@@ -131,9 +100,11 @@ impl QueueRegistry {
         priority: i32,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
+        let key = encode_queue(queue);
         if self
             .inner
-            .cached(queue)
+            .queues
+            .get(&key)
             .is_some_and(|m| m.priorities.contains(&priority))
         {
             return Ok(());
@@ -186,7 +157,7 @@ impl QueueRegistry {
             };
             match written {
                 Ok(revision) => {
-                    reg.remember(meta, revision);
+                    reg.queues.remember(&key, revision, Some(meta));
                     return Ok(());
                 }
                 Err(true) => continue, // another replica changed it; read again
@@ -215,29 +186,5 @@ impl QueueRegistry {
         .map_err(backend("subscribing for a queue"))?;
         pullers.insert(key, puller.clone());
         Ok(puller)
-    }
-}
-
-impl Registry {
-    fn cached(&self, queue: &str) -> Option<QueueMeta> {
-        self.queues
-            .read()
-            .expect("queue cache lock")
-            .get(queue)
-            .map(|(_, meta)| meta.clone())
-    }
-
-    fn remember(&self, meta: QueueMeta, revision: u64) {
-        let mut queues = self.queues.write().expect("queue cache lock");
-        if queues
-            .get(&meta.name)
-            .is_none_or(|(seen, _)| *seen < revision)
-        {
-            queues.insert(meta.name.clone(), (revision, meta));
-        }
-    }
-
-    fn clear(&self) {
-        self.queues.write().expect("queue cache lock").clear();
     }
 }

@@ -33,6 +33,10 @@ impl Topology {
         format!("{}-queues", self.namespace)
     }
 
+    pub fn cron_bucket(&self) -> String {
+        format!("{}-cron", self.namespace)
+    }
+
     pub fn workers_bucket(&self) -> String {
         format!("{}-workers", self.namespace)
     }
@@ -70,7 +74,7 @@ impl Topology {
         }
     }
 
-    /// Pending "make available at" timers (retry backoff, scheduled jobs).
+    /// Pending timers: retry backoff, scheduled jobs, expiry, job deadlines, worker silence.
     pub fn timers_stream(&self) -> String {
         format!("{}-timers", self.namespace)
     }
@@ -142,8 +146,7 @@ impl Topology {
         }
     }
 
-    /// A queue: work-queue retention, so a settled message is gone; duplicates of a dispatch
-    /// (same `Nats-Msg-Id`) are dropped within the window.
+    /// A queue: work-queue retention, so a settled message is gone.
     pub fn queue_stream_config(&self, queue: &str) -> stream::Config {
         stream::Config {
             name: self.queue_stream(queue),

@@ -35,12 +35,13 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
 }
 
 #[tokio::test]
-async fn manifest_claims_level_one_and_metrics_count_requests() {
+async fn manifest_claims_level_two_and_metrics_count_requests() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let r = app.get("/ojs/manifest").await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.body["conformance_level"], 1);
+    assert_eq!(r.body["conformance_level"], 2);
+    assert_eq!(r.body["capabilities"]["cron_jobs"], true);
     assert_eq!(r.body["capabilities"]["dead_letter"], true);
     assert_eq!(r.body["capabilities"]["batch_enqueue"], true);
     app.get("/ojs/v1/health").await;

@@ -38,10 +38,10 @@ for level in "$@"; do
 done
 
 cd "$repo"
-# The optimized dev profile (Cargo.toml) is the one the tests build, so after a test run
-# this build has nothing left to do.
+# All targets, so features unify as in `cargo test`: after a test run this build has
+# nothing left to do.
 echo "conformance: building the gateway" >&2
-cargo build
+cargo build --all-targets
 gateway_bin="${CARGO_TARGET_DIR:-$repo/target}/debug/ojs-jetstream"
 
 nats_bin="${NATS_SERVER_BIN:-}"

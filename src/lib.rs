@@ -8,11 +8,14 @@
 //! - [`config`]: settings from `config/ojs-jetstream.toml` and `OJS_*` variables.
 //! - [`telemetry`]: logging and metrics.
 //! - [`app`]: wiring of all of the above into a running gateway.
+//! - [`client`], [`worker`]: a Rust client and worker for any OJS server over HTTP.
 
 pub mod app;
+pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod domain;
 pub mod http;
 pub mod store;
 pub mod telemetry;
+pub mod worker;

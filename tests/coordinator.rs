@@ -64,6 +64,22 @@ async fn fail_all(app: &common::TestApp, ids: &[String]) -> Vec<(String, DateTim
         .await
 }
 
+/// How late each job became available after its due time, in ms, sorted; every job must
+/// be available by now.
+async fn promotion_lateness(app: &common::TestApp, due: Vec<(String, DateTime<Utc>)>) -> Vec<i64> {
+    let mut lateness: Vec<i64> = stream::iter(due)
+        .map(|(id, due)| async move {
+            let job = app.job(&id).await;
+            assert_eq!(job["state"], "available", "{job}");
+            (ts(&job["enqueued_at"]) - due).num_milliseconds()
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    lateness.sort_unstable();
+    lateness
+}
+
 fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -86,19 +102,7 @@ async fn a_thousand_retries_come_due_within_100_ms() {
         (last_due - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(500),
     )
     .await;
-    let mut lateness: Vec<i64> = stream::iter(due)
-        .map(|(id, due)| {
-            let app = &app;
-            async move {
-                let job = app.job(&id).await;
-                assert_eq!(job["state"], "available", "{job}");
-                (ts(&job["enqueued_at"]) - due).num_milliseconds()
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    lateness.sort_unstable();
+    let lateness = promotion_lateness(&app, due).await;
     let (p50, p99, max) = (
         percentile(&lateness, 0.5),
         percentile(&lateness, 0.99),
@@ -255,19 +259,7 @@ async fn ten_thousand_jobs_scheduled_for_one_instant_are_available_within_a_seco
         (at - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(1500),
     )
     .await;
-    let mut lateness: Vec<i64> = stream::iter(ids)
-        .map(|id| {
-            let app = &app;
-            async move {
-                let job = app.job(&id).await;
-                assert_eq!(job["state"], "available", "{job}");
-                (ts(&job["enqueued_at"]) - at).num_milliseconds()
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    lateness.sort_unstable();
+    let lateness = promotion_lateness(&app, ids.into_iter().map(|id| (id, at)).collect()).await;
     let (p50, p99, max) = (
         percentile(&lateness, 0.5),
         percentile(&lateness, 0.99),

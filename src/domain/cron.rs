@@ -392,12 +392,7 @@ pub fn tick_job_id(name: &str, tick: DateTime<Utc>) -> String {
 
 /// Cron spec §2.2: `[a-z0-9][a-z0-9\-\.]*`, at most 255 characters.
 fn validate_name(name: &str) -> Result<(), OjsError> {
-    let mut chars = name.chars();
-    let ok = name.len() <= 255
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    let ok = envelope::is_name(name, 255);
     if ok {
         Ok(())
     } else {

@@ -330,13 +330,7 @@ pub fn validate_type(t: &str) -> Result<(), OjsError> {
 
 /// Core §5.1: `[a-z0-9][a-z0-9\-\.]*`, at most 128 characters.
 pub fn validate_queue(q: &str) -> Result<(), OjsError> {
-    let mut chars = q.chars();
-    let ok = q.len() <= MAX_QUEUE_LEN
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
-    if ok {
+    if is_name(q, MAX_QUEUE_LEN) {
         Ok(())
     } else {
         Err(OjsError::invalid(
@@ -344,6 +338,17 @@ pub fn validate_queue(q: &str) -> Result<(), OjsError> {
             format!("queue {q:?} is invalid: use lowercase letters, digits, '-' and '.', starting with a letter or digit (at most {MAX_QUEUE_LEN} characters)."),
         ))
     }
+}
+
+/// The naming rule queues and cron entries share: `[a-z0-9][a-z0-9\-\.]*`, at most `max`
+/// characters.
+pub fn is_name(s: &str, max: usize) -> bool {
+    let mut chars = s.chars();
+    s.len() <= max
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
 /// A client-supplied id must be a UUIDv7; it is stored lowercase.

@@ -189,26 +189,13 @@ fn error_data(e: Option<&JobError>) -> Value {
 mod tests {
     use std::time::Duration;
 
-    use uuid::Uuid;
 
     use super::*;
-    use crate::domain::{envelope, lifecycle};
+    use crate::domain::fixtures::record;
+    use crate::domain::lifecycle;
 
     fn created() -> JobRecord {
-        let now = time::parse("2026-02-12T10:30:00Z").unwrap();
-        let job = envelope::parse(
-            json!({"type": "t.x", "args": [], "options": {"queue": "q"}}),
-            now,
-            Uuid::now_v7(),
-        )
-        .unwrap();
-        JobRecord {
-            job,
-            dispatch: 1,
-            holder: None,
-            transition: Transition::Created,
-            dead_letter: None,
-        }
+        record(json!({"queue": "q"}))
     }
 
     fn delivery() -> lifecycle::Delivery {

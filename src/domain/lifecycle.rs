@@ -446,30 +446,9 @@ fn leave_active(rec: &JobRecord) -> JobRecord {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use uuid::Uuid;
 
     use super::*;
-    use crate::domain::{envelope, time};
-
-    fn now() -> DateTime<Utc> {
-        time::parse("2026-02-12T10:30:00Z").unwrap()
-    }
-
-    fn record(options: Value) -> JobRecord {
-        let job = envelope::parse(
-            json!({"type": "t.x", "args": [], "options": options}),
-            now(),
-            Uuid::now_v7(),
-        )
-        .unwrap();
-        JobRecord {
-            job,
-            dispatch: 1,
-            holder: None,
-            transition: Transition::Created,
-            dead_letter: None,
-        }
-    }
+    use crate::domain::fixtures::{now, record};
 
     fn active(options: Value, worker: Option<&str>) -> JobRecord {
         claim(

@@ -6,8 +6,11 @@ pub mod duration;
 pub mod envelope;
 pub mod error;
 pub mod event;
+#[cfg(test)]
+mod fixtures;
 pub mod job;
 pub mod lifecycle;
 pub mod retry;
 pub mod state;
 pub mod time;
+pub mod worker;

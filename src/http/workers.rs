@@ -53,17 +53,7 @@ pub async fn fetch(
                 )
             })?,
     };
-    let visibility = match body.get("visibility_timeout_ms") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Duration::from_millis(
-            v.as_u64().filter(|ms| *ms > 0).ok_or_else(|| {
-                OjsError::invalid(
-                    "visibility_timeout_ms",
-                    format!("visibility_timeout_ms must be a positive integer, got {v}."),
-                )
-            })?,
-        )),
-    };
+    let visibility = optional_millis(&body, "visibility_timeout_ms")?;
     let req = FetchRequest {
         queues,
         count: count as usize,
@@ -214,6 +204,20 @@ fn required_job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
     }
 }
 
+/// A positive duration in milliseconds, if given.
+fn optional_millis(body: &Map<String, Value>, key: &str) -> Result<Option<Duration>, OjsError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|ms| *ms > 0)
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                OjsError::invalid(key, format!("{key} must be a positive integer, got {v}."))
+            }),
+    }
+}
+
 fn optional_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, OjsError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -259,17 +263,7 @@ pub async fn heartbeat(
     }
     ids.sort();
     ids.dedup();
-    let visibility = match body.get("visibility_timeout_ms") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Duration::from_millis(
-            v.as_u64().filter(|ms| *ms > 0).ok_or_else(|| {
-                OjsError::invalid(
-                    "visibility_timeout_ms",
-                    format!("visibility_timeout_ms must be a positive integer, got {v}."),
-                )
-            })?,
-        )),
-    };
+    let visibility = optional_millis(&body, "visibility_timeout_ms")?;
     let reported_state = optional_string(&body, "state")?;
     let info: Map<String, Value> = [
         "hostname",

@@ -19,36 +19,7 @@ use crate::domain::job::Transition;
 use crate::domain::lifecycle;
 use crate::domain::state::JobState;
 use crate::domain::time;
-
-/// A worker's lifecycle state (worker protocol §2); the order is running < quiet < terminate,
-/// and a worker never goes back down it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkerState {
-    #[default]
-    Running,
-    Quiet,
-    Terminate,
-}
-
-impl WorkerState {
-    pub fn parse(s: &str) -> Option<WorkerState> {
-        match s {
-            "running" => Some(WorkerState::Running),
-            "quiet" => Some(WorkerState::Quiet),
-            "terminate" => Some(WorkerState::Terminate),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Running => "running",
-            WorkerState::Quiet => "quiet",
-            WorkerState::Terminate => "terminate",
-        }
-    }
-}
+pub use crate::domain::worker::WorkerState;
 
 /// A worker's entry in the workers bucket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -330,15 +301,5 @@ mod tests {
         assert_eq!(worker_key("worker-1_a"), "worker-1_a");
         assert_eq!(worker_key("host.local/7"), "host=2Elocal=2F7");
         assert_ne!(worker_key("a=2E"), worker_key("a."));
-    }
-
-    #[test]
-    fn directives_only_move_forward() {
-        assert!(
-            WorkerState::Terminate > WorkerState::Quiet
-                && WorkerState::Quiet > WorkerState::Running
-        );
-        assert_eq!(WorkerState::parse("quiet"), Some(WorkerState::Quiet));
-        assert_eq!(WorkerState::parse("paused"), None);
     }
 }

@@ -1,0 +1,338 @@
+//! A Rust client for any OJS server over the HTTP binding — ojs-jetstream or another —
+//! with an enqueue middleware chain (middleware spec §3).
+//!
+//! ```no_run
+//! use ojs_jetstream::client::{Client, JobSpec};
+//! use serde_json::json;
+//!
+//! # async fn demo() -> Result<(), ojs_jetstream::client::ClientError> {
+//! let client = Client::new("http://127.0.0.1:8080");
+//! let job = client.enqueue(JobSpec::new("email.send", json!(["ada@example.com"])).queue("email")).await?;
+//! println!("enqueued {}", job["id"]);
+//! # Ok(())
+//! # }
+//! ```
+
+mod chain;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Map, Value};
+
+pub use chain::Chain;
+
+/// A boxed, sendable future, the return type of middleware.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A job to enqueue: `type`, `args`, `meta` and `options` of the OJS envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    pub job_type: String,
+    pub args: Value,
+    pub meta: Map<String, Value>,
+    pub options: Map<String, Value>,
+}
+
+impl JobSpec {
+    pub fn new(job_type: &str, args: Value) -> JobSpec {
+        JobSpec {
+            job_type: job_type.to_owned(),
+            args,
+            meta: Map::new(),
+            options: Map::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn queue(self, queue: &str) -> JobSpec {
+        self.option("queue", json!(queue))
+    }
+
+    /// Any `options` key (`priority`, `retry`, `scheduled_at`, …).
+    #[must_use]
+    pub fn option(mut self, key: &str, value: Value) -> JobSpec {
+        self.options.insert(key.to_owned(), value);
+        self
+    }
+
+    #[must_use]
+    pub fn meta(mut self, key: &str, value: Value) -> JobSpec {
+        self.meta.insert(key.to_owned(), value);
+        self
+    }
+
+    fn to_body(&self) -> Value {
+        json!({"type": self.job_type, "args": self.args, "meta": self.meta, "options": self.options})
+    }
+}
+
+/// What went wrong talking to the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an OJS error body.
+    #[error("{status} {code}: {message}")]
+    Server {
+        status: u16,
+        code: String,
+        message: String,
+        body: Value,
+    },
+    /// No answer (connection refused, timeout) or an unreadable one.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// An enqueue middleware refused the job.
+    #[error("refused by middleware: {0}")]
+    Refused(String),
+}
+
+impl ClientError {
+    /// The OJS error code, when the server sent one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Server { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// Enqueue middleware: sees every job before it is sent, may change it (add `meta` such as
+/// trace context) or refuse it by returning an error instead of calling `next`.
+pub trait EnqueueMiddleware: Send + Sync {
+    fn handle<'a>(
+        &'a self,
+        job: JobSpec,
+        next: EnqueueNext<'a>,
+    ) -> BoxFuture<'a, Result<Value, ClientError>>;
+}
+
+/// The rest of the enqueue chain, ending in the request to the server.
+pub struct EnqueueNext<'a> {
+    rest: &'a [(String, Arc<dyn EnqueueMiddleware>)],
+    client: &'a Client,
+}
+
+impl<'a> EnqueueNext<'a> {
+    /// Passes `job` on; returns the enqueued job as the server answered it.
+    pub fn run(self, job: JobSpec) -> BoxFuture<'a, Result<Value, ClientError>> {
+        match self.rest.split_first() {
+            Some(((_, m), rest)) => m.handle(
+                job,
+                EnqueueNext {
+                    rest,
+                    client: self.client,
+                },
+            ),
+            None => Box::pin(async move {
+                let body = self
+                    .client
+                    .call(reqwest::Method::POST, "/ojs/v1/jobs", Some(job.to_body()))
+                    .await?;
+                Ok(body["job"].clone())
+            }),
+        }
+    }
+}
+
+/// A client of one OJS server (or load balancer).
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    enqueue_chain: Chain<dyn EnqueueMiddleware>,
+}
+
+impl Client {
+    pub fn new(base_url: &str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            base: base_url.trim_end_matches('/').to_owned(),
+            enqueue_chain: Chain::default(),
+        }
+    }
+
+    /// The enqueue middleware chain, to add, remove or insert middleware.
+    pub fn enqueue_middleware(&mut self) -> &mut Chain<dyn EnqueueMiddleware> {
+        &mut self.enqueue_chain
+    }
+
+    /// PUSH one job through the enqueue chain.
+    ///
+    /// # Errors
+    /// The server's error, a transport error, or a middleware's refusal.
+    pub async fn enqueue(&self, job: JobSpec) -> Result<Value, ClientError> {
+        EnqueueNext {
+            rest: self.enqueue_chain.items(),
+            client: self,
+        }
+        .run(job)
+        .await
+    }
+
+    /// PUSH many jobs at once, all or none. Each job passes the enqueue chain first (the
+    /// chain's own request is not sent; the batch is).
+    ///
+    /// # Errors
+    /// As [`Client::enqueue`].
+    pub async fn enqueue_batch(&self, jobs: Vec<JobSpec>) -> Result<Vec<Value>, ClientError> {
+        let mut bodies = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            bodies.push(self.prepared(job).await?.to_body());
+        }
+        let body = self
+            .call(
+                reqwest::Method::POST,
+                "/ojs/v1/jobs/batch",
+                Some(json!({"jobs": bodies})),
+            )
+            .await?;
+        Ok(body["jobs"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Runs the enqueue chain with a final step that keeps the job instead of sending it.
+    async fn prepared(&self, job: JobSpec) -> Result<JobSpec, ClientError> {
+        let kept = Arc::new(Mutex::new(None));
+        let mut chain = self.enqueue_chain.items().to_vec();
+        chain.push(("batch".into(), Arc::new(Keep(kept.clone()))));
+        EnqueueNext {
+            rest: &chain,
+            client: self,
+        }
+        .run(job)
+        .await?;
+        let job = kept.lock().expect("kept job lock").take();
+        job.ok_or_else(|| ClientError::Refused("the enqueue chain did not pass the job on".into()))
+    }
+
+    /// INFO.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown id, or a transport error.
+    pub async fn get(&self, id: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(reqwest::Method::GET, &format!("/ojs/v1/jobs/{id}"), None)
+            .await?["job"]
+            .clone())
+    }
+
+    /// CANCEL.
+    ///
+    /// # Errors
+    /// 404 or 409 from the server, or a transport error.
+    pub async fn cancel(&self, id: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(reqwest::Method::DELETE, &format!("/ojs/v1/jobs/{id}"), None)
+            .await?["job"]
+            .clone())
+    }
+
+    /// One page of the dead letter queue, newest first.
+    ///
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn dead_letters(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+        offset: usize,
+    ) -> Result<Value, ClientError> {
+        let mut path = format!("/ojs/v1/dead-letter?limit={limit}&offset={offset}");
+        if let Some(q) = queue {
+            path.push_str(&format!("&queue={q}"));
+        }
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
+    /// Registers (or replaces) a cron entry; `entry` is the registration body.
+    ///
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn register_cron(&self, entry: Value) -> Result<Value, ClientError> {
+        Ok(self
+            .call(reqwest::Method::POST, "/ojs/v1/cron", Some(entry))
+            .await?["cron"]
+            .clone())
+    }
+
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn list_cron(&self) -> Result<Vec<Value>, ClientError> {
+        Ok(self
+            .call(reqwest::Method::GET, "/ojs/v1/cron", None)
+            .await?["crons"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// # Errors
+    /// 404 for an unknown name, or a transport error.
+    pub async fn delete_cron(&self, name: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/ojs/v1/cron/{name}"),
+                None,
+            )
+            .await?["cron"]
+            .clone())
+    }
+
+    /// A request to the binding; an OJS error body becomes [`ClientError::Server`].
+    ///
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, ClientError> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            req = req
+                .header("content-type", "application/openjobspec+json")
+                .body(body.to_string());
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .map_err(|e| ClientError::Transport(format!("unreadable answer: {e}")))?
+        };
+        if (200..300).contains(&status) {
+            return Ok(body);
+        }
+        let error = &body["error"];
+        Err(ClientError::Server {
+            status,
+            code: error["code"].as_str().unwrap_or("unknown").to_owned(),
+            message: error["message"].as_str().unwrap_or("").to_owned(),
+            body,
+        })
+    }
+}
+
+/// The last step of the chain for a batch: keeps the job instead of sending it.
+struct Keep(Arc<Mutex<Option<JobSpec>>>);
+
+impl EnqueueMiddleware for Keep {
+    fn handle<'a>(
+        &'a self,
+        job: JobSpec,
+        _next: EnqueueNext<'a>,
+    ) -> BoxFuture<'a, Result<Value, ClientError>> {
+        *self.0.lock().expect("kept job lock") = Some(job);
+        Box::pin(async { Ok(Value::Null) })
+    }
+}

@@ -1,0 +1,691 @@
+//! A worker following the OJS worker protocol (worker-protocol seed), over the HTTP binding:
+//! a handler registry by job type, an execution middleware chain, bounded concurrency,
+//! heartbeats that carry server directives, and the running → quiet → terminate lifecycle
+//! driven by directives and POSIX signals (SIGTERM, SIGTSTP, SIGCONT, SIGINT).
+//!
+//! ```no_run
+//! use ojs_jetstream::worker::{HandlerError, JobContext, Worker, WorkerConfig};
+//! use serde_json::Value;
+//!
+//! # async fn demo() {
+//! let mut worker = Worker::new(WorkerConfig::new("http://127.0.0.1:8080", &["email"]));
+//! worker.register("email.send", |ctx: JobContext| async move {
+//!     let to = ctx.args[0].as_str().unwrap_or_default().to_owned();
+//!     if to.is_empty() {
+//!         return Err(HandlerError::new("InvalidAddress", "no recipient"));
+//!     }
+//!     Ok(Value::String(format!("sent to {to}")))
+//! });
+//! let summary = worker.run().await; // until SIGTERM or a terminate directive
+//! println!("completed {}", summary.jobs_completed);
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::client::{BoxFuture, Chain, Client, ClientError};
+pub use crate::domain::worker::WorkerState;
+
+/// Longest backtrace sent with a failure (worker protocol: ≤ 50 frames, ≤ 10,000 chars).
+const MAX_BACKTRACE_FRAMES: usize = 50;
+const MAX_BACKTRACE_CHARS: usize = 10_000;
+
+/// Settings of a worker; `new` fills the protocol's defaults.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub url: String,
+    /// Queues in the order to fetch from.
+    pub queues: Vec<String>,
+    /// Jobs run at once, never more. Default 10.
+    pub concurrency: usize,
+    /// Default 5 s (worker protocol §4.2).
+    pub heartbeat_interval: Duration,
+    /// How long a terminating worker waits for its jobs. Default 25 s (§7.3).
+    pub grace_period: Duration,
+    /// Unique per process: `worker_<uuidv7>` by default.
+    pub worker_id: String,
+    /// Reservation asked for on each fetch; the job's or the server's otherwise.
+    pub visibility_timeout: Option<Duration>,
+    /// Pause after an empty fetch.
+    pub poll_interval: Duration,
+    pub labels: Vec<String>,
+}
+
+impl WorkerConfig {
+    pub fn new(url: &str, queues: &[&str]) -> WorkerConfig {
+        WorkerConfig {
+            url: url.to_owned(),
+            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+            concurrency: 10,
+            heartbeat_interval: Duration::from_secs(5),
+            grace_period: Duration::from_secs(25),
+            worker_id: format!("worker_{}", uuid::Uuid::now_v7()),
+            visibility_timeout: None,
+            poll_interval: Duration::from_millis(250),
+            labels: Vec::new(),
+        }
+    }
+}
+
+/// A handler's failure: its type (matched against `non_retryable_errors`), a message and
+/// a backtrace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerError {
+    pub error_type: String,
+    pub message: String,
+    pub backtrace: Option<String>,
+    /// `false` makes the failure final whatever the retry policy says.
+    pub retryable: bool,
+}
+
+impl HandlerError {
+    /// A retryable error with the current backtrace.
+    pub fn new(error_type: &str, message: impl Into<String>) -> HandlerError {
+        let trace = std::backtrace::Backtrace::force_capture().to_string();
+        HandlerError {
+            error_type: error_type.to_owned(),
+            message: message.into(),
+            backtrace: Some(trace),
+            retryable: true,
+        }
+    }
+
+    #[must_use]
+    pub fn final_error(mut self) -> HandlerError {
+        self.retryable = false;
+        self
+    }
+}
+
+/// What a handler gets: the job, and ways to talk about it while it runs.
+#[derive(Clone)]
+pub struct JobContext {
+    /// The whole job as fetched.
+    pub job: Value,
+    pub id: String,
+    pub job_type: String,
+    pub args: Value,
+    pub attempt: u64,
+    cancel: CancellationToken,
+    client: Client,
+    worker_id: String,
+}
+
+impl JobContext {
+    /// Extends this job's reservation now (worker protocol §5.4), for long steps between
+    /// the worker's regular heartbeats. Learns of a cancellation too.
+    ///
+    /// # Errors
+    /// When the server cannot be reached.
+    pub async fn heartbeat(&self) -> Result<(), ClientError> {
+        let body = json!({"worker_id": self.worker_id, "active_jobs": [self.id]});
+        let answer = self
+            .client
+            .call(
+                reqwest::Method::POST,
+                "/ojs/v1/workers/heartbeat",
+                Some(body),
+            )
+            .await?;
+        if answer["jobs_cancelled"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|id| id == self.id.as_str()))
+        {
+            self.cancel.cancel();
+        }
+        Ok(())
+    }
+
+    /// Fires when the server reports the job cancelled (or the worker is going down hard).
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+}
+
+/// Runs jobs of one type.
+pub trait Handler: Send + Sync {
+    fn call(&self, ctx: JobContext) -> BoxFuture<'static, Result<Value, HandlerError>>;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(JobContext) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Value, HandlerError>> + Send + 'static,
+{
+    fn call(&self, ctx: JobContext) -> BoxFuture<'static, Result<Value, HandlerError>> {
+        Box::pin(self(ctx))
+    }
+}
+
+/// Execution middleware (middleware spec §4): wraps every handler call; may act before and
+/// after `next`, change the context, or fail the job without running the handler.
+pub trait ExecutionMiddleware: Send + Sync {
+    fn handle<'a>(
+        &'a self,
+        ctx: JobContext,
+        next: ExecutionNext<'a>,
+    ) -> BoxFuture<'a, Result<Value, HandlerError>>;
+}
+
+/// The rest of the execution chain, ending in the handler.
+pub struct ExecutionNext<'a> {
+    rest: &'a [(String, Arc<dyn ExecutionMiddleware>)],
+    handler: &'a Arc<dyn Handler>,
+}
+
+impl<'a> ExecutionNext<'a> {
+    pub fn run(self, ctx: JobContext) -> BoxFuture<'a, Result<Value, HandlerError>> {
+        match self.rest.split_first() {
+            Some(((_, m), rest)) => m.handle(
+                ctx,
+                ExecutionNext {
+                    rest,
+                    handler: self.handler,
+                },
+            ),
+            None => self.handler.call(ctx),
+        }
+    }
+}
+
+/// Counts of a finished run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub jobs_completed: u64,
+    pub jobs_failed: u64,
+    /// Unfinished at the end of the grace period, failed with type `shutdown`.
+    pub jobs_shutdown: u64,
+}
+
+/// Moves a running worker through its lifecycle from outside (signals, tests).
+#[derive(Clone)]
+pub struct WorkerControl {
+    state: watch::Sender<WorkerState>,
+    immediate: CancellationToken,
+}
+
+impl WorkerControl {
+    /// Stop fetching; finish active jobs.
+    pub fn quiet(&self) {
+        self.state
+            .send_if_modified(|s| advance(s, WorkerState::Quiet));
+    }
+
+    /// Back to running from quiet; ignored once terminating (§2.3).
+    pub fn resume(&self) {
+        self.state.send_if_modified(|s| {
+            let back = *s == WorkerState::Quiet;
+            if back {
+                *s = WorkerState::Running;
+            }
+            back
+        });
+    }
+
+    /// Graceful shutdown (§7).
+    pub fn terminate(&self) {
+        self.state
+            .send_if_modified(|s| advance(s, WorkerState::Terminate));
+    }
+
+    /// SIGINT: shut down without waiting for active jobs.
+    pub fn interrupt(&self) {
+        self.immediate.cancel();
+        self.terminate();
+    }
+}
+
+/// Forward only: running < quiet < terminate.
+fn advance(current: &mut WorkerState, to: WorkerState) -> bool {
+    let moved = to > *current;
+    if moved {
+        *current = to;
+    }
+    moved
+}
+
+struct Active {
+    cancel: CancellationToken,
+    abort: Option<AbortHandle>,
+}
+
+/// A worker process's engine.
+pub struct Worker {
+    cfg: WorkerConfig,
+    client: Client,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    chain: Chain<dyn ExecutionMiddleware>,
+    control: WorkerControl,
+}
+
+impl Worker {
+    pub fn new(cfg: WorkerConfig) -> Worker {
+        let (state, _) = watch::channel(WorkerState::Running);
+        Worker {
+            client: Client::new(&cfg.url),
+            cfg,
+            handlers: HashMap::new(),
+            chain: Chain::default(),
+            control: WorkerControl {
+                state,
+                immediate: CancellationToken::new(),
+            },
+        }
+    }
+
+    /// Registers the handler of `job_type`.
+    pub fn register<H: Handler + 'static>(&mut self, job_type: &str, handler: H) -> &mut Self {
+        self.handlers.insert(job_type.to_owned(), Arc::new(handler));
+        self
+    }
+
+    /// The execution middleware chain, outermost first.
+    pub fn middleware(&mut self) -> &mut Chain<dyn ExecutionMiddleware> {
+        &mut self.chain
+    }
+
+    /// Lifecycle changes, for logging or tests.
+    pub fn states(&self) -> watch::Receiver<WorkerState> {
+        self.control.state.subscribe()
+    }
+
+    pub fn control(&self) -> WorkerControl {
+        self.control.clone()
+    }
+
+    /// Runs until terminated by a directive, `control()`, or a signal: SIGTERM (graceful),
+    /// SIGTSTP (quiet), SIGCONT (running again), SIGINT (immediate).
+    pub async fn run(self) -> Summary {
+        listen_for_signals(self.control.clone());
+        self.run_until_terminated().await
+    }
+
+    /// Like [`Worker::run`] without installing signal handlers.
+    pub async fn run_until_terminated(self) -> Summary {
+        let engine = Arc::new(Engine {
+            client: self.client,
+            cfg: self.cfg,
+            handlers: self.handlers,
+            chain: self.chain,
+            control: self.control,
+            active: Mutex::new(HashMap::new()),
+            completed: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        });
+        let beats = tokio::spawn(engine.clone().heartbeat_loop());
+        engine.clone().fetch_loop().await;
+        let shutdown = engine.drain().await;
+        beats.abort();
+        info!(worker_id = %engine.cfg.worker_id, "worker stopped");
+        Summary {
+            jobs_completed: engine.completed.load(Ordering::Relaxed),
+            jobs_failed: engine.failed.load(Ordering::Relaxed),
+            jobs_shutdown: shutdown,
+        }
+    }
+}
+
+struct Engine {
+    client: Client,
+    cfg: WorkerConfig,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    chain: Chain<dyn ExecutionMiddleware>,
+    control: WorkerControl,
+    active: Mutex<HashMap<String, Active>>,
+    completed: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Engine {
+    fn state(&self) -> WorkerState {
+        *self.control.state.borrow()
+    }
+
+    /// Fetches while running, never more jobs than free slots, never while full.
+    async fn fetch_loop(self: Arc<Self>) {
+        let slots = Arc::new(Semaphore::new(self.cfg.concurrency));
+        let mut states = self.control.state.subscribe();
+        loop {
+            match self.state() {
+                WorkerState::Terminate => return,
+                WorkerState::Quiet => {
+                    let _ = states.changed().await;
+                    continue;
+                }
+                WorkerState::Running => {}
+            }
+            let first = tokio::select! {
+                permit = slots.clone().acquire_owned() => permit.expect("slots stay open"),
+                _ = states.changed() => continue,
+            };
+            let mut permits = vec![first];
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let mut body = json!({"queues": self.cfg.queues, "count": permits.len(), "worker_id": self.cfg.worker_id});
+            if let Some(v) = self.cfg.visibility_timeout {
+                body["visibility_timeout_ms"] = json!(v.as_millis() as u64);
+            }
+            let jobs = match self
+                .client
+                .call(reqwest::Method::POST, "/ojs/v1/workers/fetch", Some(body))
+                .await
+            {
+                Ok(answer) => answer["jobs"].as_array().cloned().unwrap_or_default(),
+                Err(err) => {
+                    warn!(error = %err, "fetch failed; retrying");
+                    drop(permits);
+                    self.pause(&mut states, Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let empty = jobs.is_empty();
+            for job in jobs {
+                let Some(permit) = permits.pop() else { break };
+                let engine = self.clone();
+                tokio::spawn(async move {
+                    engine.execute(job).await;
+                    drop(permit);
+                });
+            }
+            drop(permits);
+            if empty {
+                self.pause(&mut states, self.cfg.poll_interval).await;
+            }
+        }
+    }
+
+    /// Sleeps, waking early on a lifecycle change.
+    async fn pause(&self, states: &mut watch::Receiver<WorkerState>, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = states.changed() => {}
+        }
+    }
+
+    /// Runs one job through the middleware chain and its handler, then ACK or FAIL. A panic
+    /// in the handler is caught and reported as a failure.
+    async fn execute(self: Arc<Self>, job: Value) {
+        let id = job["id"].as_str().unwrap_or_default().to_owned();
+        let cancel = CancellationToken::new();
+        let ctx = JobContext {
+            id: id.clone(),
+            job_type: job["type"].as_str().unwrap_or_default().to_owned(),
+            args: job["args"].clone(),
+            attempt: job["attempt"].as_u64().unwrap_or(0),
+            job,
+            cancel: cancel.clone(),
+            client: self.client.clone(),
+            worker_id: self.cfg.worker_id.clone(),
+        };
+        self.active.lock().expect("active jobs lock").insert(
+            id.clone(),
+            Active {
+                cancel,
+                abort: None,
+            },
+        );
+        let run = {
+            let engine = self.clone();
+            tokio::spawn(async move {
+                let Some(handler) = engine.handlers.get(&ctx.job_type).cloned() else {
+                    return Err(HandlerError::new(
+                        "unknown_job_type",
+                        format!("no handler for job type {:?}", ctx.job_type),
+                    )
+                    .final_error());
+                };
+                ExecutionNext {
+                    rest: engine.chain.items(),
+                    handler: &handler,
+                }
+                .run(ctx)
+                .await
+            })
+        };
+        if let Some(a) = self.active.lock().expect("active jobs lock").get_mut(&id) {
+            a.abort = Some(run.abort_handle());
+        }
+        let outcome = match run.await {
+            Ok(result) => Some(result),
+            Err(e) if e.is_panic() => Some(Err(panic_error(e.into_panic()))),
+            Err(_) => None, // aborted at shutdown; the drain reports it
+        };
+        if let Some(outcome) = outcome {
+            self.active.lock().expect("active jobs lock").remove(&id);
+            let reported = match outcome {
+                Ok(result) => {
+                    self.completed.fetch_add(1, Ordering::Relaxed);
+                    self.client.call(reqwest::Method::POST, "/ojs/v1/workers/ack", Some(json!({"job_id": id, "worker_id": self.cfg.worker_id, "result": result}))).await
+                }
+                Err(err) => {
+                    self.failed.fetch_add(1, Ordering::Relaxed);
+                    self.fail(&id, &err, false).await
+                }
+            };
+            if let Err(err) = reported {
+                warn!(job_id = %id, error = %err, "could not report a job's outcome");
+            }
+        }
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        err: &HandlerError,
+        requeue: bool,
+    ) -> Result<Value, ClientError> {
+        let body = json!({
+            "job_id": id,
+            "worker_id": self.cfg.worker_id,
+            "requeue": requeue,
+            "error": {
+                "code": if requeue { "shutdown" } else { "handler_error" },
+                "type": err.error_type,
+                "message": err.message,
+                "retryable": err.retryable,
+                "backtrace": err.backtrace.as_deref().map(truncate_backtrace),
+            },
+        });
+        self.client
+            .call(reqwest::Method::POST, "/ojs/v1/workers/nack", Some(body))
+            .await
+    }
+
+    /// Waits for active jobs up to the grace period (none after SIGINT), then fails what is
+    /// left with type `shutdown`, so the server hands those jobs out again at once.
+    async fn drain(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + self.cfg.grace_period;
+        loop {
+            if self.active.lock().expect("active jobs lock").is_empty() {
+                return 0;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = self.control.immediate.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        let left: Vec<(String, Active)> = self
+            .active
+            .lock()
+            .expect("active jobs lock")
+            .drain()
+            .collect();
+        let shutdown = HandlerError {
+            error_type: "shutdown".into(),
+            message: "The worker shut down before the job finished.".into(),
+            backtrace: None,
+            retryable: true,
+        };
+        for (id, active) in &left {
+            active.cancel.cancel();
+            if let Some(abort) = &active.abort {
+                abort.abort();
+            }
+            if let Err(err) = self.fail(id, &shutdown, true).await {
+                warn!(job_id = %id, error = %err, "could not hand a job back at shutdown");
+            }
+        }
+        left.len() as u64
+    }
+
+    /// Reports state and active jobs every interval; follows the answer's directive and
+    /// cancels jobs the server reports cancelled. Failures are logged and retried next time,
+    /// never a reason to change state.
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let hostname = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".into());
+        let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
+        loop {
+            tick.tick().await;
+            let ids: Vec<String> = self
+                .active
+                .lock()
+                .expect("active jobs lock")
+                .keys()
+                .cloned()
+                .collect();
+            let body = json!({
+                "worker_id": self.cfg.worker_id,
+                "state": self.state().as_str(),
+                "active_jobs": ids.len(),
+                "active_job_ids": ids,
+                "hostname": hostname,
+                "pid": std::process::id(),
+                "queues": self.cfg.queues,
+                "concurrency": self.cfg.concurrency,
+                "labels": self.cfg.labels,
+            });
+            match self
+                .client
+                .call(
+                    reqwest::Method::POST,
+                    "/ojs/v1/workers/heartbeat",
+                    Some(body),
+                )
+                .await
+            {
+                Ok(answer) => {
+                    match answer["state"].as_str().and_then(WorkerState::parse) {
+                        Some(WorkerState::Quiet) => self.control.quiet(),
+                        Some(WorkerState::Terminate) => self.control.terminate(),
+                        _ => {}
+                    }
+                    for id in answer["jobs_cancelled"].as_array().into_iter().flatten() {
+                        if let Some(a) = id.as_str().and_then(|id| {
+                            self.active
+                                .lock()
+                                .expect("active jobs lock")
+                                .get(id)
+                                .map(|a| a.cancel.clone())
+                        }) {
+                            a.cancel();
+                        }
+                    }
+                }
+                Err(err) => warn!(error = %err, "heartbeat failed; retrying at the next interval"),
+            }
+        }
+    }
+}
+
+/// A caught panic as a failure of type `panic`.
+fn panic_error(payload: Box<dyn std::any::Any + Send>) -> HandlerError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the handler panicked".into());
+    HandlerError {
+        error_type: "panic".into(),
+        message,
+        backtrace: None,
+        retryable: true,
+    }
+}
+
+fn truncate_backtrace(trace: &str) -> String {
+    let frames: Vec<&str> = trace.lines().take(MAX_BACKTRACE_FRAMES * 2).collect();
+    let mut out = frames.join("\n");
+    if out.len() > MAX_BACKTRACE_CHARS {
+        let mut cut = MAX_BACKTRACE_CHARS;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
+/// SIGTERM → terminate, SIGTSTP → quiet, SIGCONT → running, SIGINT → immediate (§9).
+fn listen_for_signals(control: WorkerControl) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let kinds = [
+        (SignalKind::terminate(), "SIGTERM"),
+        (SignalKind::from_raw(libc::SIGTSTP), "SIGTSTP"),
+        (SignalKind::from_raw(libc::SIGCONT), "SIGCONT"),
+        (SignalKind::interrupt(), "SIGINT"),
+    ];
+    for (kind, name) in kinds {
+        let Ok(mut stream) = signal(kind) else {
+            warn!(signal = name, "cannot listen for this signal");
+            continue;
+        };
+        let control = control.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                info!(signal = name, "signal received");
+                match name {
+                    "SIGTERM" => control.terminate(),
+                    "SIGTSTP" => control.quiet(),
+                    "SIGCONT" => control.resume(),
+                    _ => control.interrupt(),
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_only_moves_forward_but_quiet_can_resume() {
+        let (state, _) = watch::channel(WorkerState::Running);
+        let c = WorkerControl {
+            state,
+            immediate: CancellationToken::new(),
+        };
+        c.quiet();
+        assert_eq!(*c.state.borrow(), WorkerState::Quiet);
+        c.resume();
+        assert_eq!(*c.state.borrow(), WorkerState::Running);
+        c.terminate();
+        c.resume();
+        c.quiet();
+        assert_eq!(*c.state.borrow(), WorkerState::Terminate);
+    }
+
+    #[test]
+    fn backtraces_are_bounded() {
+        let long: String = (0..500)
+            .map(|i| format!("frame {i} {}\n", "x".repeat(80)))
+            .collect();
+        let t = truncate_backtrace(&long);
+        assert!(t.len() <= MAX_BACKTRACE_CHARS);
+        assert!(t.lines().count() <= MAX_BACKTRACE_FRAMES * 2);
+    }
+}

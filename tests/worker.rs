@@ -1,0 +1,495 @@
+//! The client and worker library, through real processes where the worker protocol is
+//! about processes: the example worker is started against a gateway on a real nats-server
+//! and sent POSIX signals.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, spawn_app, NatsServer, TestApp};
+use ojs_jetstream::client::{
+    BoxFuture, Client, ClientError, EnqueueMiddleware, EnqueueNext, JobSpec,
+};
+use ojs_jetstream::worker::{
+    ExecutionMiddleware, ExecutionNext, HandlerError, JobContext, Worker, WorkerConfig,
+};
+use serde_json::{json, Value};
+
+/// An example binary built by `cargo test` next to this test's own binary.
+fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the whole `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// The example worker as a child process, with its stdout lines collected.
+struct WorkerProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl WorkerProcess {
+    fn start(
+        url: &str,
+        queues: &str,
+        concurrency: usize,
+        grace: &str,
+        worker_id: &str,
+    ) -> WorkerProcess {
+        let mut child = Command::new(example("worker"))
+            .args([
+                "--url",
+                url,
+                "--queues",
+                queues,
+                "--concurrency",
+                &concurrency.to_string(),
+            ])
+            .args([
+                "--grace-period",
+                grace,
+                "--heartbeat-interval",
+                "0.3",
+                "--worker-id",
+                worker_id,
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example worker");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        WorkerProcess { child, lines }
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
+    fn printed(&self, line: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l == line)
+    }
+
+    async fn wait_printed(&self, line: &str) {
+        eventually(Duration::from_secs(10), line, || async {
+            self.printed(line).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits for the process to exit; its exit code.
+    async fn exit_code(&mut self, within: Duration) -> i32 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "the worker did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn states(app: &TestApp, ids: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(app.job(id).await["state"].as_str().unwrap().to_string());
+    }
+    out
+}
+
+async fn enqueue_n(
+    app: &TestApp,
+    queue: &str,
+    job_type: &str,
+    args: Value,
+    n: usize,
+) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.push(
+            app.enqueue(json!({"type": job_type, "args": args, "options": {"queue": queue}}))
+                .await,
+        );
+    }
+    ids
+}
+
+#[tokio::test]
+async fn the_worker_never_runs_more_jobs_than_its_concurrency() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let ids = enqueue_n(&app, "burst", "demo.sleep", json!([300]), 12).await;
+    let worker = WorkerProcess::start(&app.base, "burst", 3, "5", "w-burst");
+    let mut most = 0;
+    let started = Instant::now();
+    loop {
+        let now = states(&app, &ids).await;
+        most = most.max(now.iter().filter(|s| *s == "active").count());
+        if now.iter().all(|s| s == "completed") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "jobs did not finish: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    println!(
+        "12 jobs of 300 ms at concurrency 3: at most {most} active at once, all done in {:?}",
+        started.elapsed()
+    );
+    assert!(most <= 3, "{most} jobs ran at once");
+    assert!(most >= 2, "the worker never ran jobs side by side");
+    drop(worker);
+}
+
+#[tokio::test]
+async fn sigtstp_quiets_the_worker_while_active_jobs_finish_and_sigcont_resumes() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let running = enqueue_n(&app, "quiet", "demo.sleep", json!([1200]), 2).await;
+    let mut worker = WorkerProcess::start(&app.base, "quiet", 2, "5", "w-quiet");
+    eventually(Duration::from_secs(5), "both jobs active", || async {
+        (states(&app, &running).await == ["active", "active"]).then_some(())
+    })
+    .await;
+    worker.signal("TSTP");
+    worker.wait_printed("worker state: quiet").await;
+    let waiting = enqueue_n(&app, "quiet", "demo.echo", json!(["later"]), 2).await;
+    eventually(Duration::from_secs(5), "active jobs to finish", || async {
+        (states(&app, &running).await == ["completed", "completed"]).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        states(&app, &waiting).await,
+        ["available", "available"],
+        "a quiet worker fetched"
+    );
+    worker.signal("CONT");
+    worker.wait_printed("worker state: running").await;
+    eventually(Duration::from_secs(5), "the waiting jobs", || async {
+        (states(&app, &waiting).await == ["completed", "completed"]).then_some(())
+    })
+    .await;
+    assert_eq!(app.job(&waiting[0]).await["result"], json!(["later"]));
+    worker.signal("TERM");
+    assert_eq!(worker.exit_code(Duration::from_secs(5)).await, 0);
+    assert!(worker.printed("worker stopped: jobs_completed=4 jobs_failed=0 jobs_shutdown=0"));
+}
+
+#[tokio::test]
+async fn sigterm_waits_the_grace_period_then_hands_unfinished_jobs_back() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let ids = enqueue_n(&app, "long", "demo.sleep", json!([30000]), 2).await;
+    let mut worker = WorkerProcess::start(&app.base, "long", 2, "1", "w-term");
+    eventually(Duration::from_secs(5), "both jobs active", || async {
+        (states(&app, &ids).await == ["active", "active"]).then_some(())
+    })
+    .await;
+    let sent = Instant::now();
+    worker.signal("TERM");
+    let code = worker.exit_code(Duration::from_secs(10)).await;
+    let took = sent.elapsed();
+    println!("SIGTERM with a 1 s grace period and 2 unfinished jobs: exit {code} after {took:?}");
+    assert_eq!(code, 0);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert!(worker.printed("worker state: terminate"));
+    assert!(worker.printed("worker stopped: jobs_completed=0 jobs_failed=0 jobs_shutdown=2"));
+    for id in &ids {
+        let job = app.job(id).await;
+        assert_eq!(job["state"], "available", "{job}");
+        assert_eq!(job["error"]["type"], "shutdown");
+    }
+}
+
+#[tokio::test]
+async fn a_terminate_directive_from_the_server_shuts_the_worker_down() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let ids = enqueue_n(&app, "directed", "demo.sleep", json!([30000]), 1).await;
+    let mut worker = WorkerProcess::start(&app.base, "directed", 1, "0.5", "w-directed");
+    eventually(Duration::from_secs(5), "the job active", || async {
+        (states(&app, &ids).await == ["active"]).then_some(())
+    })
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "the worker's first heartbeat",
+        || async {
+            (app.get("/ojs/v1/admin/workers/w-directed").await.status == 200).then_some(())
+        },
+    )
+    .await;
+    let sent = Instant::now();
+    assert_eq!(
+        app.post("/ojs/v1/admin/workers/w-directed/terminate", json!({}))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(worker.exit_code(Duration::from_secs(10)).await, 0);
+    println!(
+        "terminate directive → worker exit in {:?} (heartbeat 0.3 s, grace 0.5 s)",
+        sent.elapsed()
+    );
+    assert!(worker.printed("worker state: terminate"));
+    assert_eq!(app.job(&ids[0]).await["error"]["type"], "shutdown");
+}
+
+#[tokio::test]
+async fn failures_and_panics_become_fails_and_the_worker_goes_on() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let failing = app.enqueue(json!({"type": "demo.fail", "args": [], "options": {"queue": "bad", "retry": {"max_attempts": 1}}})).await;
+    let panicking = app.enqueue(json!({"type": "t.panic", "args": [], "options": {"queue": "bad", "retry": {"max_attempts": 1}}})).await;
+    let fine = app
+        .enqueue(json!({"type": "demo.echo", "args": [1], "options": {"queue": "bad"}}))
+        .await;
+    let mut cfg = WorkerConfig::new(&app.base, &["bad"]);
+    cfg.heartbeat_interval = Duration::from_millis(300);
+    let mut worker = Worker::new(cfg);
+    worker
+        .register("demo.fail", |_ctx: JobContext| async {
+            Err::<Value, _>(HandlerError::new("DemoError", "always"))
+        })
+        .register("t.panic", |_ctx: JobContext| async {
+            panic!("handler exploded")
+        })
+        .register("demo.echo", |ctx: JobContext| async move { Ok(ctx.args) });
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    eventually(Duration::from_secs(5), "all three settled", || async {
+        let states = states(&app, &[failing.clone(), panicking.clone(), fine.clone()]).await;
+        (states == ["discarded", "discarded", "completed"]).then_some(())
+    })
+    .await;
+    let failed = app.job(&failing).await;
+    assert_eq!(failed["error"]["type"], "DemoError");
+    assert!(failed["error"]["backtrace"]
+        .as_str()
+        .is_some_and(|b| !b.is_empty() && b.len() <= 10_000));
+    let panicked = app.job(&panicking).await;
+    assert_eq!(panicked["error"]["type"], "panic");
+    assert_eq!(panicked["error"]["message"], "handler exploded");
+    control.terminate();
+    let summary = run.await.unwrap();
+    assert_eq!((summary.jobs_completed, summary.jobs_failed), (1, 2));
+}
+
+/// Enqueue middleware that records its name in `meta.trail`, or refuses.
+struct Tag(&'static str, bool);
+
+impl EnqueueMiddleware for Tag {
+    fn handle<'a>(
+        &'a self,
+        mut job: JobSpec,
+        next: EnqueueNext<'a>,
+    ) -> BoxFuture<'a, Result<Value, ClientError>> {
+        if self.1 {
+            return Box::pin(
+                async move { Err(ClientError::Refused(format!("{} says no", self.0))) },
+            );
+        }
+        let mut trail = job
+            .meta
+            .get("trail")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        trail.push(json!(self.0));
+        job.meta.insert("trail".into(), Value::Array(trail));
+        next.run(job)
+    }
+}
+
+/// Execution middleware that records "<name>:before" / "<name>:after", or fails the job.
+struct Around(&'static str, Arc<Mutex<Vec<String>>>, bool);
+
+impl ExecutionMiddleware for Around {
+    fn handle<'a>(
+        &'a self,
+        ctx: JobContext,
+        next: ExecutionNext<'a>,
+    ) -> BoxFuture<'a, Result<Value, HandlerError>> {
+        Box::pin(async move {
+            self.1.lock().unwrap().push(format!("{}:before", self.0));
+            if self.2 {
+                return Err(
+                    HandlerError::new("Refused", format!("{} refused", self.0)).final_error()
+                );
+            }
+            let out = next.run(ctx).await;
+            self.1.lock().unwrap().push(format!("{}:after", self.0));
+            out
+        })
+    }
+}
+
+#[tokio::test]
+async fn middleware_runs_in_chain_order_and_can_refuse() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut client = Client::new(&app.base);
+    client
+        .enqueue_middleware()
+        .add("a", Arc::new(Tag("a", false)))
+        .add("c", Arc::new(Tag("c", false)));
+    assert!(client
+        .enqueue_middleware()
+        .insert_before("c", "b", Arc::new(Tag("b", false))));
+    let job = client
+        .enqueue(JobSpec::new("t.mw", json!([])).queue("mw"))
+        .await
+        .unwrap();
+    assert_eq!(job["meta"]["trail"], json!(["a", "b", "c"]));
+    let batch = client
+        .enqueue_batch(vec![JobSpec::new("t.mw", json!([1])).queue("mw")])
+        .await
+        .unwrap();
+    assert_eq!(batch[0]["meta"]["trail"], json!(["a", "b", "c"]));
+    client
+        .enqueue_middleware()
+        .insert_after("a", "no", Arc::new(Tag("no", true)));
+    let refused = client
+        .enqueue(JobSpec::new("t.mw", json!([])).queue("mw-refused"))
+        .await;
+    assert!(
+        matches!(refused, Err(ClientError::Refused(_))),
+        "{refused:?}"
+    );
+    assert!(
+        app.fetch(&["mw-refused"], "w").await.is_empty(),
+        "a refused job was sent"
+    );
+    let err = client
+        .get("019539a4-0000-7000-8000-000000000000")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("not_found"));
+
+    let trail = Arc::new(Mutex::new(Vec::new()));
+    let ok = app
+        .enqueue(json!({"type": "t.run", "args": [], "options": {"queue": "exec"}}))
+        .await;
+    let mut worker = Worker::new(WorkerConfig::new(&app.base, &["exec"]));
+    let seen = trail.clone();
+    worker.register("t.run", move |_ctx: JobContext| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push("handler".into());
+            Ok(Value::Null)
+        }
+    });
+    worker
+        .middleware()
+        .add("outer", Arc::new(Around("outer", trail.clone(), false)))
+        .add("inner", Arc::new(Around("inner", trail.clone(), false)));
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    eventually(Duration::from_secs(5), "the job", || async {
+        (app.job(&ok).await["state"] == "completed").then_some(())
+    })
+    .await;
+    control.terminate();
+    run.await.unwrap();
+    assert_eq!(
+        *trail.lock().unwrap(),
+        [
+            "outer:before",
+            "inner:before",
+            "handler",
+            "inner:after",
+            "outer:after"
+        ]
+    );
+
+    let refused = app
+        .enqueue(json!({"type": "t.run", "args": [], "options": {"queue": "exec2"}}))
+        .await;
+    let mut worker = Worker::new(WorkerConfig::new(&app.base, &["exec2"]));
+    worker.register("t.run", |_ctx: JobContext| async { panic!("must not run") });
+    worker.middleware().add(
+        "gate",
+        Arc::new(Around("gate", Arc::new(Mutex::new(Vec::new())), true)),
+    );
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    eventually(Duration::from_secs(5), "the refused job", || async {
+        (app.job(&refused).await["state"] == "discarded").then_some(())
+    })
+    .await;
+    assert_eq!(app.job(&refused).await["error"]["type"], "Refused");
+    control.terminate();
+    run.await.unwrap();
+}
+
+#[tokio::test]
+async fn the_producer_example_enqueues_in_batches_and_prints_ids() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let out = tokio::process::Command::new(example("producer"))
+        .args([
+            "--url",
+            &app.base,
+            "--queue",
+            "made",
+            "--type",
+            "demo.echo",
+            "--count",
+            "5",
+            "--args",
+            "[7]",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let ids: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), 5);
+    for id in &ids {
+        assert_eq!(app.job(id).await["args"], json!([7]));
+    }
+}

@@ -189,7 +189,6 @@ fn error_data(e: Option<&JobError>) -> Value {
 mod tests {
     use std::time::Duration;
 
-
     use super::*;
     use crate::domain::fixtures::record;
     use crate::domain::lifecycle;

@@ -369,19 +369,27 @@ pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsErr
     Ok(next)
 }
 
+/// When a waiting job becomes available: a retryable one at its next attempt, a scheduled
+/// one at its `scheduled_at`. `None` for jobs in other states.
+pub fn due_at(rec: &JobRecord) -> Option<DateTime<Utc>> {
+    match rec.job.state {
+        JobState::Retryable => rec.job.next_attempt_at,
+        JobState::Scheduled => rec.job.scheduled_at.as_deref().and_then(super::time::parse),
+        _ => None,
+    }
+}
+
 /// A timer for dispatch `dispatch` came due: a retryable or scheduled job becomes available
 /// under the next dispatch (core §6.4). `None` when the timer is stale — the job moved on.
 pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<JobRecord> {
     if let Some(expired) = expire(rec, now) {
         return Some(expired);
     }
-    let due_at = match rec.job.state {
-        JobState::Retryable => rec.job.next_attempt_at,
-        JobState::Scheduled => rec.job.scheduled_at.as_deref().and_then(super::time::parse),
-        _ => return None,
-    };
+    if !matches!(rec.job.state, JobState::Retryable | JobState::Scheduled) {
+        return None;
+    }
     // A timer set for an earlier attempt, or repeated, must not make the job run early.
-    if rec.dispatch != dispatch || due_at.is_some_and(|at| at > now) {
+    if rec.dispatch != dispatch || due_at(rec).is_some_and(|at| at > now) {
         return None;
     }
     let mut next = rec.clone();

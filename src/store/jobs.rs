@@ -113,7 +113,7 @@ impl Store {
         for rec in &records {
             if rec.dispatch > 0 {
                 acks.push(self.send_dispatch(rec).await?);
-            } else if let Some(at) = scheduled_instant(rec) {
+            } else if let Some(at) = lifecycle::due_at(rec) {
                 acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
             }
             if let Some(at) = rec
@@ -522,7 +522,7 @@ impl Store {
                 .await
                 .map_err(backend("publishing a job to its queue"))?;
         }
-        if let (JobState::Retryable, Some(due)) = (after.job.state, after.job.next_attempt_at) {
+        if let (JobState::Retryable, Some(due)) = (after.job.state, lifecycle::due_at(after)) {
             if before.job.state != JobState::Retryable {
                 self.send_timer(&Timer::promote(after, due))
                     .await?
@@ -609,18 +609,6 @@ impl Store {
             ))),
         }
     }
-}
-
-/// When a scheduled job becomes due.
-fn scheduled_instant(rec: &JobRecord) -> Option<DateTime<Utc>> {
-    (rec.job.state == JobState::Scheduled)
-        .then(|| {
-            rec.job
-                .scheduled_at
-                .as_deref()
-                .and_then(crate::domain::time::parse)
-        })
-        .flatten()
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.

@@ -278,3 +278,38 @@ async fn version_header_routes_and_methods() {
     assert_eq!(r.status, 405);
     assert_eq!(r.header("content-type"), "application/openjobspec+json");
 }
+
+/// Every batch job's queue message is published before any acknowledgement is awaited, so
+/// a gateway-wide cap on unacknowledged publishes would deadlock once concurrent batches
+/// hold more than it allows (it did at async-nats' default of 5000: the whole gateway hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_and_concurrent_batches_are_all_accepted() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let batch = |n: usize| {
+        let jobs: Vec<_> = (0..n)
+            .map(|i| json!({"type": "bulk.load", "args": [i], "queue": "bulk"}))
+            .collect();
+        json!({ "jobs": jobs })
+    };
+    let started = std::time::Instant::now();
+    let mut requests = vec![app.post("/ojs/v1/jobs/batch", batch(10_000))];
+    requests.extend((0..8).map(|_| app.post("/ojs/v1/jobs/batch", batch(1000))));
+    let replies = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        futures::future::join_all(requests),
+    )
+    .await
+    .expect("the batches were answered");
+    for (r, n) in replies
+        .iter()
+        .zip([10_000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000])
+    {
+        assert_eq!(r.status, 201, "{}", r.body);
+        let jobs = r.body["jobs"].as_array().expect("jobs");
+        assert_eq!(jobs.len(), n);
+        let last = jobs.last().unwrap()["id"].as_str().unwrap();
+        assert_eq!(app.job(last).await["state"], "available");
+    }
+    println!("18,000 jobs in 9 batches: {:?}", started.elapsed());
+}

@@ -35,6 +35,14 @@ pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
 pub use workers::{Beat, BeatReply, WorkerRecord, WorkerState};
 
+/// Unacknowledged JetStream publishes allowed at once. async-nats makes a publish wait when
+/// its cap is reached; a batch PUSH publishes all its queue messages before awaiting any
+/// acknowledgement, so concurrent batches holding the cap between them would wait on each
+/// other forever (and every other publish of the gateway with them). The cap is therefore
+/// far above what requests can hold (batches ≤ 10,000 jobs, times the concurrent requests);
+/// memory is bounded by the request size limits instead.
+const MAX_ACKS_IN_FLIGHT: usize = 10_000_000;
+
 /// Handle to every stream and bucket ojs-jetstream uses.
 #[derive(Clone)]
 pub struct Store {
@@ -89,6 +97,7 @@ impl Store {
             })?;
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_millis(cfg.nats_timeout_ms))
+            .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .build(client.clone());
         let topology = Topology {
             namespace: cfg.namespace.clone(),

@@ -53,8 +53,8 @@ impl EventPublisher {
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                 }
-                for write in &batch {
-                    write.done().await;
+                if let Some(last) = batch.last() {
+                    last.done_through().await;
                 }
             }
         }

@@ -193,10 +193,28 @@ impl Store {
             .get_stream(format!("KV_{}", t.jobs_bucket()))
             .await
             .map_err(backend("opening the jobs stream"))?;
-        let consumer: PullConsumer = stream
+        let mut consumer: PullConsumer = stream
             .get_or_create_consumer(&t.event_publisher_consumer(), t.event_publisher_config())
             .await
             .map_err(backend("opening the job-write feed"))?;
+        if consumer.cached_info().config.ack_policy != AckPolicy::All {
+            // Made by a build that acknowledged each write: replace it, continuing after the
+            // last write it saw acknowledged, since an ack policy cannot be changed in place.
+            let floor = consumer.cached_info().ack_floor.stream_sequence;
+            stream
+                .delete_consumer(&t.event_publisher_consumer())
+                .await
+                .map_err(backend("replacing the job-write feed"))?;
+            consumer = stream
+                .create_consumer(pull::Config {
+                    deliver_policy: DeliverPolicy::ByStartSequence {
+                        start_sequence: floor + 1,
+                    },
+                    ..t.event_publisher_config()
+                })
+                .await
+                .map_err(backend("replacing the job-write feed"))?;
+        }
         let messages = consumer
             .messages()
             .await
@@ -245,8 +263,8 @@ impl JobWrites {
 }
 
 impl JobWrite {
-    /// Marks the write as handled.
-    pub async fn done(&self) {
+    /// Marks this write and every earlier one as handled.
+    pub async fn done_through(&self) {
         if let Err(err) = self.msg.ack().await {
             tracing::warn!(error = %err, "could not acknowledge a job write");
         }

@@ -187,10 +187,12 @@ impl Topology {
         }
     }
 
+    /// Acknowledging a write acknowledges every earlier one too: the publisher handles the
+    /// writes in order and acknowledges once per batch.
     pub fn event_publisher_config(&self) -> consumer::pull::Config {
         consumer::pull::Config {
             durable_name: Some(self.event_publisher_consumer()),
-            ack_policy: AckPolicy::Explicit,
+            ack_policy: AckPolicy::All,
             // A new leader sees what the old one left unacknowledged after this long.
             ack_wait: Duration::from_secs(5),
             deliver_policy: DeliverPolicy::All,

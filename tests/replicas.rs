@@ -81,3 +81,53 @@ async fn replicas_starting_at_once_on_an_empty_nats_all_come_up() {
         .await;
     assert_eq!(events.body["events"].as_array().unwrap().len(), 1);
 }
+
+/// A gateway remembers the records it wrote last and tries its next write on a job with
+/// them; another replica may have changed the job since. Such a stale record must never hand
+/// out, complete or refuse anything on its own.
+#[tokio::test]
+async fn a_job_changed_through_another_gateway_is_judged_on_its_current_record() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+
+    // A remembers the job as available; B cancels it. A's fetch must not hand it out.
+    let cancelled = a.enqueue(job_on("stale")).await;
+    let r = b.delete(&format!("/ojs/v1/jobs/{cancelled}")).await;
+    assert_eq!(r.body["job"]["state"], "cancelled");
+    assert!(a.fetch(&["stale"], "w1").await.is_empty());
+    assert_eq!(a.job(&cancelled).await["state"], "cancelled");
+
+    // A remembers the job as active for w1; B completes it. A second ACK through A is
+    // refused, and a FAIL through A does not revive it.
+    let done = a.enqueue(job_on("stale")).await;
+    assert_eq!(a.fetch(&["stale"], "w1").await[0]["id"], done.as_str());
+    let ack = json!({"job_id": done, "worker_id": "w1"});
+    assert_eq!(b.post("/ojs/v1/workers/ack", ack.clone()).await.status, 200);
+    a.post("/ojs/v1/workers/ack", ack)
+        .await
+        .assert_error(409, "conflict");
+    let fail = json!({"job_id": done, "worker_id": "w1", "error": {"message": "late"}});
+    a.post("/ojs/v1/workers/nack", fail)
+        .await
+        .assert_error(409, "conflict");
+    let job = a.job(&done).await;
+    assert_eq!(job["state"], "completed");
+    assert_eq!(job["attempt"], 1);
+
+    // A remembers the job as active (first dispatch); B requeues it. The new dispatch's
+    // message reaches A, whose remembered record is a dispatch behind: A must read the
+    // record and hand the job out, not put the message back.
+    let requeued = a.enqueue(job_on("stale")).await;
+    assert_eq!(a.fetch(&["stale"], "w1").await[0]["id"], requeued.as_str());
+    let nack = json!({"job_id": requeued, "worker_id": "w1", "requeue": true,
+        "error": {"message": "again"}});
+    assert_eq!(
+        b.post("/ojs/v1/workers/nack", nack).await.body["state"],
+        "available"
+    );
+    let again = a.fetch(&["stale"], "w2").await;
+    assert_eq!(again.len(), 1, "the requeued job is handed out at once");
+    assert_eq!(again[0]["id"], requeued.as_str());
+    assert_eq!(again[0]["attempt"], 2);
+}

@@ -7,7 +7,7 @@ pub mod envelope;
 pub mod error;
 pub mod event;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod job;
 pub mod lifecycle;
 pub mod retry;

@@ -162,6 +162,13 @@ impl Store {
             }
             return Err(error);
         }
+        for (rec, result) in records.iter().zip(&results) {
+            if let (JobState::Available, Ok(revision)) = (rec.job.state, result) {
+                self.inner
+                    .recent
+                    .remember(&rec.job.id, rec.clone(), *revision);
+            }
+        }
         Ok(records.into_iter().map(|r| r.job).collect())
     }
 
@@ -298,88 +305,64 @@ impl Store {
         };
         let age = Utc::now().timestamp_millis() as i128
             - info.published.unix_timestamp_nanos() / 1_000_000;
-        let orphan_age_passed = age > ORPHAN_GRACE.as_millis() as i128;
+        let delivered = Delivered {
+            dispatch: d.dispatch,
+            queue,
+            priority,
+            delivery,
+            orphan_age_passed: age > ORPHAN_GRACE.as_millis() as i128,
+        };
+        let orphan_age_passed = delivered.orphan_age_passed;
 
         for attempt in 0..MAX_CAS_ATTEMPTS {
-            let (rec, revision) = match self.lookup(&d.id).await? {
-                Lookup::Found(rec, revision) => (*rec, revision),
-                Lookup::Removed => {
-                    settle(msg, AckKind::Term).await;
-                    return Ok(None);
-                }
-                Lookup::Missing => {
-                    // The enqueue that published this message may still be creating the record.
-                    if attempt < 3 && !orphan_age_passed {
-                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
-                        continue;
+            // The first try may use the record this gateway wrote last (`recent.rs`).
+            let guess = (attempt == 0)
+                .then(|| self.inner.recent.take(&d.id))
+                .flatten();
+            let guessed = guess.is_some();
+            let (rec, revision) = match guess {
+                Some(found) => found,
+                None => match self.lookup(&d.id).await? {
+                    Lookup::Found(rec, revision) => (*rec, revision),
+                    Lookup::Removed => {
+                        settle(msg, AckKind::Term).await;
+                        return Ok(None);
                     }
-                    let kind = if orphan_age_passed {
-                        AckKind::Term
-                    } else {
-                        AckKind::Nak(Some(Duration::from_secs(1)))
-                    };
+                    Lookup::Missing => {
+                        // The enqueue that published this message may still be creating the
+                        // record.
+                        if attempt < 3 && !orphan_age_passed {
+                            tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                            continue;
+                        }
+                        let kind = if orphan_age_passed {
+                            AckKind::Term
+                        } else {
+                            AckKind::Nak(Some(Duration::from_secs(1)))
+                        };
+                        settle(msg, kind).await;
+                        return Ok(None);
+                    }
+                },
+            };
+            let step = claim_step(
+                &rec,
+                &delivered,
+                req,
+                self.inner.visibility_timeout,
+                Utc::now(),
+            );
+            let mut next = match step {
+                Ok(ClaimStep::Write(next)) => *next,
+                // A remembered record only ever decides a write; anything else is decided on
+                // a fresh read.
+                _ if guessed => continue,
+                Ok(ClaimStep::Settle(kind)) => {
                     settle(msg, kind).await;
                     return Ok(None);
                 }
+                Err(err) => return Err(err),
             };
-            if rec.job.queue != queue || rec.job.priority != priority {
-                // Published for another job that reused this id (a refused duplicate).
-                settle(msg, AckKind::Term).await;
-                return Ok(None);
-            }
-            if rec.dispatch != d.dispatch {
-                // Older: superseded by a later dispatch. Newer: the write that goes with
-                // this message has not landed yet (or never will).
-                let kind = if rec.dispatch > d.dispatch || orphan_age_passed {
-                    AckKind::Ack
-                } else {
-                    AckKind::Nak(Some(Duration::from_millis(200)))
-                };
-                settle(msg, kind).await;
-                return Ok(None);
-            }
-            let now = Utc::now();
-            let visibility = req
-                .visibility
-                .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
-                .unwrap_or(self.inner.visibility_timeout);
-            let next = match rec.job.state {
-                // Core §5.2: an expired job is never handed out.
-                JobState::Available => match lifecycle::expire(&rec, now) {
-                    Some(expired) => expired,
-                    None => lifecycle::claim(
-                        &rec,
-                        now,
-                        req.worker_id.as_deref(),
-                        &delivery,
-                        visibility,
-                    )?,
-                },
-                JobState::Active => match &rec.holder {
-                    // A second message for this dispatch (a repeated publish): spent.
-                    Some(h) if h.sequence != delivery.sequence => {
-                        settle(msg, AckKind::Ack).await;
-                        return Ok(None);
-                    }
-                    Some(h) if h.visible_until > now => lifecycle::redelivered(&rec, &delivery),
-                    _ => match lifecycle::lapse(&rec, now, LapseCause::Visibility) {
-                        lapsed if lapsed.job.state == JobState::Available => lifecycle::claim(
-                            &lapsed,
-                            now,
-                            req.worker_id.as_deref(),
-                            &delivery,
-                            visibility,
-                        )?,
-                        discarded => discarded,
-                    },
-                },
-                // Cancelled, finished or waiting for a later dispatch: this message is spent.
-                _ => {
-                    settle(msg, AckKind::Ack).await;
-                    return Ok(None);
-                }
-            };
-            let mut next = next;
             self.prepare(&rec, &mut next).await?;
             // A claim sets the job's deadline timer, sent just before the write on the same
             // connection so it costs no extra round trip. If it is lost, JetStream's
@@ -393,8 +376,11 @@ impl Store {
                 }
                 _ => None,
             };
-            if self.write(&d.id, &next, revision).await?.is_none() {
+            let Some(written) = self.write(&d.id, &next, revision).await? else {
                 continue;
+            };
+            if next.job.state == JobState::Active {
+                self.inner.recent.remember(&d.id, next.clone(), written);
             }
             if let Some(ack) = deadline {
                 if let Err(err) = ack.await {
@@ -486,18 +472,35 @@ impl Store {
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
     {
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let Some((before, revision)) = self.read(id).await? else {
-                return Err(OjsError::not_found("job", id));
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            // The first try may use the record this gateway wrote last (`recent.rs`).
+            let guess = (attempt == 0).then(|| self.inner.recent.take(id)).flatten();
+            let guessed = guess.is_some();
+            let (before, revision) = match guess {
+                Some(found) => found,
+                None => self
+                    .read(id)
+                    .await?
+                    .ok_or_else(|| OjsError::not_found("job", id))?,
             };
-            let Some(mut after) = decide(&before, Utc::now())? else {
-                return Ok(Settled {
-                    after: before.clone(),
-                    before,
-                });
+            let mut after = match decide(&before, Utc::now()) {
+                Ok(Some(after)) => after,
+                // A remembered record only ever decides a write; a refusal or "nothing to
+                // do" is decided on a fresh read.
+                _ if guessed => continue,
+                Ok(None) => {
+                    return Ok(Settled {
+                        after: before.clone(),
+                        before,
+                    })
+                }
+                Err(err) => return Err(err),
             };
             self.prepare(&before, &mut after).await?;
-            if self.write(id, &after, revision).await?.is_some() {
+            if let Some(written) = self.write(id, &after, revision).await? {
+                if after.job.state == JobState::Active {
+                    self.inner.recent.remember(id, after.clone(), written);
+                }
                 return Ok(Settled { before, after });
             }
         }
@@ -609,6 +612,77 @@ impl Store {
             ))),
         }
     }
+}
+
+/// A queue message as delivered to a FETCH.
+struct Delivered<'a> {
+    dispatch: u64,
+    /// The queue and priority of the consumer it came from.
+    queue: &'a str,
+    priority: i32,
+    delivery: Delivery,
+    /// Published longer than `ORPHAN_GRACE` ago.
+    orphan_age_passed: bool,
+}
+
+/// What a delivered message does to its job's record.
+enum ClaimStep {
+    /// Write this record (a claim, a redelivery, an expiry or a lapse).
+    Write(Box<JobRecord>),
+    /// Nothing to write; settle the message so.
+    Settle(AckKind),
+}
+
+/// Decides what `msg` does to the job whose record is `rec` (architecture §3.1–§3.2).
+fn claim_step(
+    rec: &JobRecord,
+    msg: &Delivered,
+    req: &FetchRequest,
+    default_visibility: Duration,
+    now: DateTime<Utc>,
+) -> Result<ClaimStep, OjsError> {
+    if rec.job.queue != msg.queue || rec.job.priority != msg.priority {
+        // Published for another job that reused this id (a refused duplicate).
+        return Ok(ClaimStep::Settle(AckKind::Term));
+    }
+    if rec.dispatch != msg.dispatch {
+        // Older: superseded by a later dispatch. Newer: the write that goes with this
+        // message has not landed yet (or never will).
+        return Ok(ClaimStep::Settle(
+            if rec.dispatch > msg.dispatch || msg.orphan_age_passed {
+                AckKind::Ack
+            } else {
+                AckKind::Nak(Some(Duration::from_millis(200)))
+            },
+        ));
+    }
+    let visibility = req
+        .visibility
+        .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
+        .unwrap_or(default_visibility);
+    let worker = req.worker_id.as_deref();
+    Ok(ClaimStep::Write(Box::new(match rec.job.state {
+        // Core §5.2: an expired job is never handed out.
+        JobState::Available => match lifecycle::expire(rec, now) {
+            Some(expired) => expired,
+            None => lifecycle::claim(rec, now, worker, &msg.delivery, visibility)?,
+        },
+        JobState::Active => match &rec.holder {
+            // A second message for this dispatch (a repeated publish): spent.
+            Some(h) if h.sequence != msg.delivery.sequence => {
+                return Ok(ClaimStep::Settle(AckKind::Ack))
+            }
+            Some(h) if h.visible_until > now => lifecycle::redelivered(rec, &msg.delivery),
+            _ => match lifecycle::lapse(rec, now, LapseCause::Visibility) {
+                lapsed if lapsed.job.state == JobState::Available => {
+                    lifecycle::claim(&lapsed, now, worker, &msg.delivery, visibility)?
+                }
+                discarded => discarded,
+            },
+        },
+        // Cancelled, finished or waiting for a later dispatch: this message is spent.
+        _ => return Ok(ClaimStep::Settle(AckKind::Ack)),
+    })))
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.

@@ -10,6 +10,7 @@ mod lease;
 mod mirror;
 mod puller;
 mod queues;
+mod recent;
 mod timers;
 pub mod topology;
 mod workers;
@@ -43,6 +44,10 @@ pub use workers::{Beat, BeatReply, WorkerRecord, WorkerState};
 /// memory is bounded by the request size limits instead.
 const MAX_ACKS_IN_FLIGHT: usize = 10_000_000;
 
+/// Job records remembered for the next operation on them (`recent.rs`): at about 1–2 KB
+/// each, at most a few MB.
+const RECENT_RECORDS: usize = 4096;
+
 /// Handle to every stream and bucket ojs-jetstream uses.
 #[derive(Clone)]
 pub struct Store {
@@ -60,6 +65,8 @@ struct Inner {
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
     queues: QueueRegistry,
+    /// Records this gateway wrote last: the first guess of a compare-and-set.
+    recent: recent::RecentRecords,
     /// The events stream, for queries.
     events: jetstream::stream::Stream,
     /// The dead-letter stream, for listings.
@@ -160,6 +167,7 @@ impl Store {
                 cron_kv,
                 cron,
                 queues,
+                recent: recent::RecentRecords::new(RECENT_RECORDS),
                 events,
                 dead_letter,
                 source: format!("ojs://{}/api", cfg.service_name),

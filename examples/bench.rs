@@ -506,7 +506,13 @@ impl Floor {
             let (floor, consumer, queue) = (floor.clone(), consumer.clone(), queue.clone());
             Box::pin(async move {
                 let mut round = Round::default();
-                let messages = match consumer.fetch().max_messages(count).messages().await {
+                // A no-wait pull that loses a race for the last message can be parked by
+                // nats-server 2.9 and never answered; the expiry bounds that wait.
+                let fetch = consumer
+                    .fetch()
+                    .max_messages(count)
+                    .expires(Duration::from_secs(1));
+                let messages = match fetch.messages().await {
                     Ok(batch) => batch.collect::<Vec<_>>().await,
                     Err(e) => {
                         round.errors.push(e.to_string());

@@ -27,6 +27,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+for port in "$nats_port" "$http_port"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "bench: port $port is in use; stop what listens there or set BENCH_NATS_PORT/BENCH_HTTP_PORT" >&2
+        exit 1
+    fi
+done
+
 "$nats_bin" -js -a 127.0.0.1 -p "$nats_port" -sd "$work/nats" >"$work/nats.log" 2>&1 &
 nats_pid=$!
 pids+=("$nats_pid")

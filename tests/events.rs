@@ -127,3 +127,49 @@ async fn events_are_published_on_nats_subjects() {
     let event: Value = serde_json::from_slice(&msg.payload).unwrap();
     assert_eq!(event["subject"], id.as_str());
 }
+
+/// A job-write feed consumer left by a build that acknowledged every write (AckExplicit) is
+/// replaced by an AckAll one that continues where the old one stopped.
+#[tokio::test]
+async fn an_explicit_ack_feed_consumer_is_replaced_where_it_stopped() {
+    use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let first = app.enqueue(job_on("feed")).await;
+    events_of(&app, "type=job.enqueued", 1).await;
+    app.stop().await;
+
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let stream = js.get_stream("KV_ojs-jobs").await.unwrap();
+    let mut old: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("event-publisher").await.unwrap();
+    let floor = old.info().await.unwrap().ack_floor.stream_sequence;
+    assert!(floor > 0, "the first job's write was handled");
+    stream.delete_consumer("event-publisher").await.unwrap();
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some("event-publisher".into()),
+            ack_policy: AckPolicy::Explicit,
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: floor + 1,
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let app = spawn_app(&nats.url).await;
+    let second = app.enqueue(job_on("feed")).await;
+    let events = events_of(&app, "type=job.enqueued", 2).await;
+    let ids: Vec<_> = events.iter().map(|e| e["data"]["job_id"].clone()).collect();
+    assert_eq!(ids, [json!(first), json!(second)]);
+    let mut feed: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("event-publisher").await.unwrap();
+    let info = feed.info().await.unwrap();
+    assert_eq!(info.config.ack_policy, AckPolicy::All);
+    assert!(
+        info.ack_floor.stream_sequence > floor,
+        "it went on after the old floor"
+    );
+}

@@ -16,6 +16,11 @@ http_port="${BENCH_HTTP_PORT:-18080}"
 cargo build --release --bin ojs-jetstream --example bench >&2
 nats_bin="$(scripts/ensure-nats.sh | tail -n 1)"
 
+port_open() {
+    # bash's /dev/tcp: a successful connect means something listens there.
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
 work="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -28,7 +33,7 @@ cleanup() {
 trap cleanup EXIT
 
 for port in "$nats_port" "$http_port"; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if port_open "$port"; then
         echo "bench: port $port is in use; stop what listens there or set BENCH_NATS_PORT/BENCH_HTTP_PORT" >&2
         exit 1
     fi
@@ -38,7 +43,7 @@ done
 nats_pid=$!
 pids+=("$nats_pid")
 for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break
+    port_open "$nats_port" && break
     sleep 0.1
 done
 

@@ -162,7 +162,9 @@ impl Store {
             }
             return Err(error);
         }
-        for (rec, result) in records.iter().zip(&results) {
+        // Only the batch's last jobs can stay remembered; cloning the others would be wasted.
+        let forgotten = records.len().saturating_sub(self.inner.recent.capacity());
+        for (rec, result) in records.iter().zip(&results).skip(forgotten) {
             if let (JobState::Available, Ok(revision)) = (rec.job.state, result) {
                 self.inner
                     .recent
@@ -312,7 +314,6 @@ impl Store {
             delivery,
             orphan_age_passed: age > ORPHAN_GRACE.as_millis() as i128,
         };
-        let orphan_age_passed = delivered.orphan_age_passed;
 
         for attempt in 0..MAX_CAS_ATTEMPTS {
             // The first try may use the record this gateway wrote last (`recent.rs`).
@@ -331,11 +332,11 @@ impl Store {
                     Lookup::Missing => {
                         // The enqueue that published this message may still be creating the
                         // record.
-                        if attempt < 3 && !orphan_age_passed {
+                        if attempt < 3 && !delivered.orphan_age_passed {
                             tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
                             continue;
                         }
-                        let kind = if orphan_age_passed {
+                        let kind = if delivered.orphan_age_passed {
                             AckKind::Term
                         } else {
                             AckKind::Nak(Some(Duration::from_secs(1)))

@@ -32,6 +32,11 @@ impl RecentRecords {
         }
     }
 
+    /// How many records are remembered at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Remembers `rec` as written at `revision`.
     pub fn remember(&self, id: &str, rec: JobRecord, revision: u64) {
         let mut e = self.inner.lock().expect("recent records lock");

@@ -269,3 +269,83 @@ async fn ten_thousand_jobs_scheduled_for_one_instant_are_available_within_a_seco
     assert!(lateness[0] >= 0, "a job became available before its time");
     assert!(max <= 1000, "the last one was {max} ms late");
 }
+
+/// Jobs finished within the deadline watch's hold leave no deadline timer behind; one still
+/// running after it gets exactly one.
+#[tokio::test]
+async fn only_jobs_running_past_the_hold_get_deadline_timers() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    for _ in 0..20 {
+        let id = app.enqueue(job_on("quick")).await;
+        assert_eq!(app.fetch(&["quick"], "w").await.len(), 1);
+        let r = app
+            .post(
+                "/ojs/v1/workers/ack",
+                json!({"job_id": id, "worker_id": "w"}),
+            )
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    app.enqueue(job_on("slow")).await;
+    assert_eq!(app.fetch(&["slow"], "w").await.len(), 1);
+
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let mut timers = js.get_stream("ojs-timers").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(timers.info().await.unwrap().state.messages, 0);
+    let stored = eventually(Duration::from_secs(5), "the slow job's timer", || {
+        let timers = timers.clone();
+        async move {
+            let mut timers = timers;
+            let n = timers.info().await.ok()?.state.messages;
+            (n > 0).then_some(n)
+        }
+    })
+    .await;
+    assert_eq!(stored, 1);
+}
+
+/// A claim whose deadline timer was not yet stored when the leader died is watched again
+/// by the next leader, so the lapsed reservation still returns the job to its queue.
+#[tokio::test]
+async fn a_reservation_claimed_just_before_the_leader_dies_still_lapses() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let mut leader = GatewayProcess::start(&nats.url, &[]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // it takes the lease first
+    let other = GatewayProcess::start(&nats.url, &[]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let req = http
+            .post(format!("{}{path}", other.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let id = post("/ojs/v1/jobs", job_on("lapse")).await["job"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fetched = post(
+        "/ojs/v1/workers/fetch",
+        json!({"queues": ["lapse"], "worker_id": "w", "visibility_timeout_ms": 4000}),
+    )
+    .await;
+    assert_eq!(fetched["jobs"][0]["id"], id.as_str());
+    // The leader has seen the claim (events are published within milliseconds) but holds
+    // it for the watch's 2 s before storing a timer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    leader.kill();
+    let back = eventually(Duration::from_secs(20), "the lapsed job", || {
+        let url = format!("{}/ojs/v1/jobs/{id}", other.base);
+        let http = http.clone();
+        async move {
+            let job: Value = http.get(url).send().await.ok()?.json().await.ok()?;
+            (job["job"]["state"] == "available").then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(back["job"]["attempt"], 1);
+}

@@ -3,6 +3,7 @@
 //! services until it loses the lease or shuts down.
 
 mod cron;
+mod deadline_watch;
 mod event_publisher;
 mod scheduler;
 

@@ -173,8 +173,10 @@ pub struct JobWrites {
     >,
 }
 
-/// One write of a job record: the record (absent for deletions) and its revision.
+/// One write of a job record: the job id, the record (absent for deletions) and its
+/// revision (the write's sequence in the jobs stream).
 pub struct JobWrite {
+    pub id: String,
     pub record: Option<JobRecord>,
     pub revision: u64,
     msg: async_nats::jetstream::Message,
@@ -197,9 +199,14 @@ impl Store {
             .get_or_create_consumer(&t.event_publisher_consumer(), t.event_publisher_config())
             .await
             .map_err(backend("opening the job-write feed"))?;
-        if consumer.cached_info().config.ack_policy != AckPolicy::All {
-            // Made by a build that acknowledged each write: replace it, continuing after the
-            // last write it saw acknowledged, since an ack policy cannot be changed in place.
+        let wanted = t.event_publisher_config();
+        let config = &consumer.cached_info().config;
+        if config.ack_policy != wanted.ack_policy
+            || config.max_ack_pending != wanted.max_ack_pending
+        {
+            // Made by a build that acknowledged each write, or with a lower limit: replace
+            // it, continuing after the last write it saw acknowledged, since an ack policy
+            // cannot be changed in place.
             let floor = consumer.cached_info().ack_floor.stream_sequence;
             stream
                 .delete_consumer(&t.event_publisher_consumer())
@@ -210,7 +217,7 @@ impl Store {
                     deliver_policy: DeliverPolicy::ByStartSequence {
                         start_sequence: floor + 1,
                     },
-                    ..t.event_publisher_config()
+                    ..wanted
                 })
                 .await
                 .map_err(backend("replacing the job-write feed"))?;
@@ -241,6 +248,8 @@ impl JobWrites {
                 })
                 .filter_map(|msg| {
                     let revision = msg.info().ok()?.stream_sequence;
+                    // `$KV.<bucket>.<job id>`
+                    let id = msg.subject.splitn(3, '.').nth(2)?.to_string();
                     let is_put = msg
                         .headers
                         .as_ref()
@@ -252,6 +261,7 @@ impl JobWrites {
                         None
                     };
                     Some(JobWrite {
+                        id,
                         record,
                         revision,
                         msg,
@@ -263,6 +273,14 @@ impl JobWrites {
 }
 
 impl JobWrite {
+    /// Only what acknowledging it needs, for holding it while later writes are handled.
+    pub fn into_ack_only(mut self) -> JobWrite {
+        self.record = None;
+        self.msg.message.payload = Default::default();
+        self.msg.message.headers = None;
+        self
+    }
+
     /// Marks this write and every earlier one as handled.
     pub async fn done_through(&self) {
         if let Err(err) = self.msg.ack().await {

@@ -365,28 +365,12 @@ impl Store {
                 Err(err) => return Err(err),
             };
             self.prepare(&rec, &mut next).await?;
-            // A claim sets the job's deadline timer, sent just before the write on the same
-            // connection so it costs no extra round trip. If it is lost, JetStream's
-            // ack-wait redelivery is the backstop.
-            let deadline = match (
-                next.transition,
-                lifecycle::deadline_of(&next, self.inner.execution_timeout),
-            ) {
-                (Transition::Started, Some(due)) => {
-                    Some(self.send_timer(&Timer::deadline(&next, due)).await?)
-                }
-                _ => None,
-            };
+            // No deadline timer here: the leader watches the job from this write (§3.6).
             let Some(written) = self.write(&d.id, &next, revision).await? else {
                 continue;
             };
             if next.job.state == JobState::Active {
                 self.inner.recent.remember(&d.id, next.clone(), written);
-            }
-            if let Some(ack) = deadline {
-                if let Err(err) = ack.await {
-                    warn!(job_id = %d.id, error = %err, "deadline timer not stored; ack-wait remains the backstop");
-                }
             }
             return Ok(match next.job.state {
                 JobState::Active if next.transition == Transition::Redelivered => {

@@ -187,6 +187,11 @@ impl Store {
         &self.inner.topology
     }
 
+    /// The execution timeout of jobs that set none.
+    pub fn execution_timeout(&self) -> Duration {
+        self.inner.execution_timeout
+    }
+
     /// The largest envelope a job may have, given the NATS server's payload limit.
     pub fn max_record_bytes(&self) -> usize {
         self.inner.max_record_bytes

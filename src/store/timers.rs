@@ -113,6 +113,24 @@ impl Store {
             .map_err(backend("publishing a timer"))
     }
 
+    /// Stores deadline timers (from the leader's deadline watch), all acknowledged.
+    ///
+    /// # Errors
+    /// When one is not stored; publishing them all again is harmless.
+    pub async fn arm_deadlines(&self, timers: &[Timer]) -> Result<(), OjsError> {
+        let mut acks = Vec::with_capacity(timers.len());
+        for timer in timers {
+            acks.push(self.send_timer(timer).await?);
+        }
+        for ack in
+            futures::future::join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
+                .await
+        {
+            ack.map_err(backend("publishing a timer"))?;
+        }
+        Ok(())
+    }
+
     /// Opens the timer feed from the start: the consumer is recreated, so every timer not
     /// yet acknowledged — including ones a previous leader held — is delivered again.
     ///

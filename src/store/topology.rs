@@ -196,7 +196,9 @@ impl Topology {
             // A new leader sees what the old one left unacknowledged after this long.
             ack_wait: Duration::from_secs(5),
             deliver_policy: DeliverPolicy::All,
-            max_ack_pending: 10_000,
+            // Writes stay unacknowledged while the deadline watch needs them (§3.6): a
+            // couple of seconds of writes at full speed.
+            max_ack_pending: 1_000_000,
             num_replicas: self.replicas,
             ..Default::default()
         }

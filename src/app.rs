@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::serve::ListenerExt;
 use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,13 @@ pub async fn run(
         .local_addr()
         .map_err(|e| OjsError::backend(e.to_string()))?;
     info!(%addr, "ojs-jetstream listening");
+    // Small responses go out at once: without TCP_NODELAY a response can wait for the
+    // client's delayed ACK of the previous one (tens of milliseconds).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            warn!(error = %err, "could not set TCP_NODELAY on a connection");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

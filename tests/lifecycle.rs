@@ -523,3 +523,126 @@ async fn jobs_not_started_by_expires_at_are_discarded_without_running() {
     assert_eq!(job[0]["id"], keeps.as_str());
     assert_eq!(job[0]["expires_at"], "2099-12-31T23:59:59Z");
 }
+
+/// A FETCH with `wait_ms` on empty queues (long polling).
+async fn waiting_fetch(
+    app: &common::TestApp,
+    queues: &[&str],
+    wait_ms: u64,
+) -> Vec<serde_json::Value> {
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": queues, "worker_id": "lp", "wait_ms": wait_ms}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["jobs"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_waiting_fetch_gets_the_job_pushed_while_it_waits() {
+    let nats = NatsServer::start();
+    let app = std::sync::Arc::new(spawn_app(&nats.url).await);
+    for queue in ["lp-a", "lp-b"] {
+        // The queues exist (a known queue is waited on through JetStream, not rechecked).
+        app.enqueue(job_on(queue)).await;
+        assert_eq!(app.fetch(&[queue], "w").await.len(), 1);
+    }
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let asked = Instant::now();
+            (waiting_fetch(&app, &["lp-a", "lp-b"], 5000).await, asked)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pushed = Instant::now();
+    let id = app.enqueue(job_on("lp-b")).await;
+    let (jobs, asked) = waiting.await.unwrap();
+    let answered = pushed.elapsed();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["id"], id.as_str());
+    assert_eq!(jobs[0]["state"], "active");
+    assert!(asked.elapsed() < Duration::from_secs(2));
+    println!("answered {} ms after the PUSH", answered.as_millis());
+    assert!(answered < Duration::from_millis(500), "took {answered:?}");
+
+    // The wait on lp-a was withdrawn: a job pushed there now is not held back by it.
+    let next = app.enqueue(job_on("lp-a")).await;
+    let got = eventually(Duration::from_secs(2), "the next job on lp-a", || async {
+        app.fetch(&["lp-a"], "w").await.first().cloned()
+    })
+    .await;
+    assert_eq!(got["id"], next.as_str());
+}
+
+#[tokio::test]
+async fn a_waiting_fetch_on_empty_queues_answers_empty_after_its_wait() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    app.enqueue(job_on("lp-empty")).await;
+    assert_eq!(app.fetch(&["lp-empty"], "w").await.len(), 1);
+    for queues in [&["lp-empty"][..], &["lp-never-created"][..]] {
+        let asked = Instant::now();
+        assert!(waiting_fetch(&app, queues, 700).await.is_empty());
+        let waited = asked.elapsed();
+        assert!(
+            waited >= Duration::from_millis(700) && waited < Duration::from_millis(1500),
+            "{queues:?} waited {waited:?}"
+        );
+    }
+    // A queue created while a fetch waits on it is picked up too.
+    let app = std::sync::Arc::new(app);
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { waiting_fetch(&app, &["lp-new"], 3000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let id = app.enqueue(job_on("lp-new")).await;
+    let jobs = waiting.await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn waiting_fetches_share_arriving_jobs_one_each() {
+    let nats = NatsServer::start();
+    let app = std::sync::Arc::new(spawn_app(&nats.url).await);
+    app.enqueue(job_on("lp-share")).await;
+    assert_eq!(app.fetch(&["lp-share"], "w").await.len(), 1);
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { waiting_fetch(&app, &["lp-share"], 4000).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut pushed = HashSet::new();
+    for _ in 0..4 {
+        pushed.insert(app.enqueue(job_on("lp-share")).await);
+    }
+    let mut got = HashSet::new();
+    for w in waiters {
+        let jobs = w.await.unwrap();
+        assert_eq!(jobs.len(), 1, "each waiter gets one job");
+        got.insert(jobs[0]["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(got, pushed);
+}
+
+#[tokio::test]
+async fn fetch_rejects_a_bad_wait() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    for wait in [json!(-1), json!(10_001), json!("1s"), json!(1.5)] {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["q"], "wait_ms": wait}),
+            )
+            .await;
+        r.assert_error(400, "invalid_request");
+        assert_eq!(r.body["error"]["details"]["field"], "wait_ms", "{wait}");
+    }
+}

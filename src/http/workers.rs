@@ -17,6 +17,9 @@ use crate::store::{Beat, FetchRequest, WorkerState};
 
 /// Most jobs one FETCH may claim.
 const MAX_FETCH: u64 = 1000;
+/// Longest an empty FETCH may wait for a job (`wait_ms`); short enough for load balancers'
+/// idle timeouts and a graceful shutdown.
+const MAX_FETCH_WAIT_MS: u64 = 10_000;
 
 pub async fn fetch(
     State(state): State<SharedState>,
@@ -54,11 +57,25 @@ pub async fn fetch(
             })?,
     };
     let visibility = optional_millis(&body, "visibility_timeout_ms")?;
+    let wait = match body.get("wait_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => v
+            .as_u64()
+            .filter(|ms| *ms <= MAX_FETCH_WAIT_MS)
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                OjsError::invalid(
+                    "wait_ms",
+                    format!("wait_ms must be an integer from 0 to {MAX_FETCH_WAIT_MS}, got {v}."),
+                )
+            })?,
+    };
     let req = FetchRequest {
         queues,
         count: count as usize,
         worker_id: optional_string(&body, "worker_id")?,
         visibility,
+        wait,
     };
     // A spawned task finishes its claims even if the client goes away mid-request, so no
     // delivered message is left unsettled.

@@ -10,9 +10,11 @@ use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::error::backend;
+use super::puller::Puller;
 use super::timers::Timer;
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -51,6 +53,48 @@ pub struct FetchRequest {
     pub worker_id: Option<String>,
     /// Reservation for these jobs; else the job's own, else the server default.
     pub visibility: Option<Duration>,
+    /// How long an empty FETCH may wait for a job to arrive (long polling).
+    pub wait: Option<Duration>,
+}
+
+/// What a FETCH has claimed so far, and the first failure.
+#[derive(Default)]
+struct Claims {
+    jobs: Vec<Job>,
+    failure: Option<OjsError>,
+}
+
+impl Claims {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.failure.is_none()
+    }
+}
+
+/// Parks one waiter on every lane and returns the first message delivered, with any that
+/// arrived at the same moment, tagged with their lane; empty at `until`, or when `stop`
+/// completes first.
+async fn wait_for_delivery(
+    lanes: &[(String, i32, Puller)],
+    until: Instant,
+    stop: impl std::future::Future<Output = ()>,
+) -> Vec<(usize, async_nats::jetstream::Message)> {
+    let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (lane, (_, _, puller)) in lanes.iter().enumerate() {
+        puller.wait(lane, until, sink.clone()).await;
+    }
+    drop(sink);
+    let first = tokio::select! {
+        first = rx.recv(), if !lanes.is_empty() => first,
+        () = tokio::time::sleep_until(until) => None,
+        () = stop => None,
+    };
+    // Withdraw from every lane, then take what was sent before that: nothing is dropped.
+    rx.close();
+    let mut got: Vec<_> = first.into_iter().collect();
+    while let Ok(more) = rx.try_recv() {
+        got.push(more);
+    }
+    got
 }
 
 /// The record before and after a settling operation (ACK, FAIL, CANCEL).
@@ -236,13 +280,47 @@ impl Store {
     }
 
     /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
-    /// priority; each job claimed by one compare-and-set on its record.
+    /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
+    /// empty answer waits up to that long for the first job to arrive.
     ///
     /// # Errors
     /// `backend_error` when NATS fails before anything was claimed.
     pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
-        let mut claimed = Vec::new();
-        let mut failure = None;
+        let until = req.wait.map(|w| Instant::now() + w);
+        let mut got = Claims::default();
+        loop {
+            // Armed before looking, so a queue (or priority) created meanwhile is not missed.
+            let registry_changed = self.inner.queues.changed();
+            tokio::pin!(registry_changed);
+            registry_changed.as_mut().enable();
+            let lanes = self.fetch_now(req, &mut got).await?;
+            let Some(until) = until.filter(|u| got.is_empty() && *u > Instant::now()) else {
+                break;
+            };
+            let delivered = wait_for_delivery(&lanes, until, registry_changed).await;
+            for (lane, msg) in delivered {
+                let (queue, priority, _) = &lanes[lane];
+                if got.jobs.len() < req.count {
+                    self.claim_into(&msg, queue, *priority, req, &mut got).await;
+                } else {
+                    settle(&msg, AckKind::Nak(None)).await;
+                }
+            }
+        }
+        match got.failure {
+            Some(err) if got.jobs.is_empty() => Err(err),
+            _ => Ok(got.jobs),
+        }
+    }
+
+    /// Claims what the named queues hold now, up to the request's count; returns every
+    /// queue lane it looked at.
+    async fn fetch_now(
+        &self,
+        req: &FetchRequest,
+        got: &mut Claims,
+    ) -> Result<Vec<(String, i32, Puller)>, OjsError> {
+        let mut lanes = Vec::new();
         for queue in &req.queues {
             let Some(meta) = self.inner.queues.lookup(queue).await? else {
                 continue;
@@ -253,34 +331,41 @@ impl Store {
             for priority in meta.priorities {
                 let puller = self.inner.queues.puller(queue, priority).await?;
                 loop {
-                    let need = req.count.saturating_sub(claimed.len());
-                    if need == 0 {
-                        return Ok(claimed);
-                    }
-                    if failure.is_some() {
-                        break;
+                    let need = req.count.saturating_sub(got.jobs.len());
+                    if need == 0 || got.failure.is_some() {
+                        return Ok(lanes);
                     }
                     let delivered = puller.pull(need).await;
                     if delivered.is_empty() {
                         break;
                     }
                     for msg in delivered {
-                        match self.claim(&msg, queue, priority, req).await {
-                            Ok(Some(job)) => claimed.push(job),
-                            Ok(None) => {}
-                            // Released for another fetch; reported only if nothing was claimed.
-                            Err(err) => {
-                                settle(&msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
-                                failure.get_or_insert(err);
-                            }
-                        }
+                        self.claim_into(&msg, queue, priority, req, got).await;
                     }
                 }
+                lanes.push((queue.clone(), priority, puller));
             }
         }
-        match failure {
-            Some(err) if claimed.is_empty() => Err(err),
-            _ => Ok(claimed),
+        Ok(lanes)
+    }
+
+    /// Claims one delivered message into `got`; a message whose claim failed is released
+    /// for another fetch, and the failure reported only if nothing was claimed.
+    async fn claim_into(
+        &self,
+        msg: &async_nats::jetstream::Message,
+        queue: &str,
+        priority: i32,
+        req: &FetchRequest,
+        got: &mut Claims,
+    ) {
+        match self.claim(msg, queue, priority, req).await {
+            Ok(Some(job)) => got.jobs.push(job),
+            Ok(None) => {}
+            Err(err) => {
+                settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                got.failure.get_or_insert(err);
+            }
         }
     }
 
@@ -331,9 +416,10 @@ impl Store {
                     }
                     Lookup::Missing => {
                         // The enqueue that published this message may still be creating the
-                        // record.
-                        if attempt < 3 && !delivered.orphan_age_passed {
-                            tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                        // record: a waiting fetch gets the message that fast. Look again
+                        // after 0.5, 1, 2, 4 and 8 ms.
+                        if attempt < 5 && !delivered.orphan_age_passed {
+                            tokio::time::sleep(Duration::from_micros(500 << attempt)).await;
                             continue;
                         }
                         let kind = if delivered.orphan_age_passed {

@@ -16,6 +16,8 @@ use crate::domain::error::OjsError;
 
 pub struct Mirror<T> {
     entries: RwLock<HashMap<String, (u64, Option<T>)>>,
+    /// Woken on every change, for requests waiting for an entry to appear.
+    changed: tokio::sync::Notify,
 }
 
 impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
@@ -36,6 +38,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             .map_err(backend("subscribing to resets"))?;
         let mirror = Arc::new(Mirror {
             entries: RwLock::new(HashMap::new()),
+            changed: tokio::sync::Notify::new(),
         });
         let weak: Weak<Mirror<T>> = Arc::downgrade(&mirror);
         tokio::spawn(async move {
@@ -87,10 +90,18 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
         let mut entries = self.entries.write().expect("mirror lock");
         if entries.get(key).is_none_or(|(seen, _)| *seen < revision) {
             entries.insert(key.to_owned(), (revision, value));
+            drop(entries);
+            self.changed.notify_waiters();
         }
     }
 
     pub fn clear(&self) {
         self.entries.write().expect("mirror lock").clear();
+        self.changed.notify_waiters();
+    }
+
+    /// Completes at the next change after it was created (or enabled).
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 }

@@ -1,6 +1,8 @@
 //! One long-lived pull loop per queue consumer per gateway. FETCH requests for the same
 //! consumer are merged into one `no_wait` pull, and every reply lands on one subscription
-//! that lives as long as the consumer is in use.
+//! that lives as long as the consumer is in use. Long-polling FETCHes park a waiter here;
+//! the loop keeps one waiting pull per consumer open for all of them, so JetStream itself
+//! wakes them the moment a job arrives.
 //!
 //! Why not a fresh inbox per fetch: when two `no_wait` pulls race for the last message, the
 //! server can park the loser as a waiting request that is never answered; a message it
@@ -8,19 +10,23 @@
 //! ack-wait. Here such a late message still arrives on our subscription and is handed to
 //! the next fetch, or released at once with a NAK.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, AckKind};
 use async_nats::StatusCode;
 use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tracing::warn;
 
 /// Longest wait for a pull's answer before it is treated as empty (the parked-request case).
 const PULL_ANSWER_TIMEOUT: Duration = Duration::from_millis(100);
 /// Most messages asked for in one pull.
 const MAX_BATCH: usize = 256;
+/// Pause before opening another waiting pull after the server ended one early (a refusal).
+const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 
 /// Handle to a consumer's pull loop; cheap to clone.
 #[derive(Clone)]
@@ -28,9 +34,39 @@ pub struct Puller {
     requests: mpsc::Sender<Request>,
 }
 
-struct Request {
+/// Where a woken waiter's message goes: the waiter's tag and the message. Whoever closes
+/// the receiving end must drain it, so that no message is dropped unsettled.
+pub type WaitSink = mpsc::UnboundedSender<(usize, jetstream::Message)>;
+
+enum Request {
+    /// Up to `want` messages that are there now.
+    Now {
+        want: usize,
+        reply: oneshot::Sender<Vec<jetstream::Message>>,
+    },
+    /// One message, as soon as there is one, until `until`.
+    Wait(Waiter),
+}
+
+struct Waiter {
+    tag: usize,
+    until: Instant,
+    sink: WaitSink,
+}
+
+/// A `no_wait` pull in flight and the fetches it answers.
+struct Round {
+    reply: String,
     want: usize,
-    reply: oneshot::Sender<Vec<jetstream::Message>>,
+    deadline: Instant,
+    fetches: Vec<(usize, oneshot::Sender<Vec<jetstream::Message>>)>,
+    got: Vec<jetstream::Message>,
+}
+
+/// A waiting pull in flight: its reply subject and how many messages it may still bring.
+struct WaitPull {
+    reply: String,
+    remaining: usize,
 }
 
 impl Puller {
@@ -42,103 +78,233 @@ impl Puller {
     ) -> Result<Puller, async_nats::SubscribeError> {
         let client = js.client();
         let inbox = client.new_inbox();
-        let subscription = client.subscribe(format!("{inbox}.*")).await?;
+        let now = client.subscribe(format!("{inbox}.n.*")).await?;
+        let waits = client.subscribe(format!("{inbox}.w.*")).await?;
         let (requests, rx) = mpsc::channel(1024);
-        let api = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
-        tokio::spawn(run(js, api, inbox, subscription, rx));
+        let pulls = Pulls {
+            js,
+            api: format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
+            inbox,
+            id: 0,
+        };
+        tokio::spawn(run(pulls, now, waits, rx));
         Ok(Puller { requests })
     }
 
     /// Up to `want` delivered messages, in stream order; empty when the consumer has none.
     pub async fn pull(&self, want: usize) -> Vec<jetstream::Message> {
         let (reply, rx) = oneshot::channel();
-        if self.requests.send(Request { want, reply }).await.is_err() {
+        if self
+            .requests
+            .send(Request::Now { want, reply })
+            .await
+            .is_err()
+        {
             return Vec::new();
         }
         rx.await.unwrap_or_default()
     }
+
+    /// Sends the next message this consumer delivers, if one comes before `until`, to
+    /// `sink` with `tag`. Closing the sink withdraws the wait.
+    pub async fn wait(&self, tag: usize, until: Instant, sink: WaitSink) {
+        let _ = self
+            .requests
+            .send(Request::Wait(Waiter { tag, until, sink }))
+            .await;
+    }
 }
 
-async fn run(
+/// Sends pull requests for one consumer.
+struct Pulls {
     js: jetstream::Context,
     api: String,
     inbox: String,
-    mut subscription: async_nats::Subscriber,
-    mut requests: mpsc::Receiver<Request>,
-) {
-    let client = js.client();
-    let mut pull_id: u64 = 0;
-    loop {
-        // Idle: wait for a fetch, and release anything a parked pull still delivers.
-        let first = tokio::select! {
-            req = requests.recv() => match req {
-                Some(r) => r,
-                None => return,
-            },
-            msg = subscription.next() => {
-                match msg {
-                    Some(msg) => release(&js, msg).await,
-                    None => return,
-                }
-                continue;
-            }
-        };
-        let mut waiting = vec![first];
-        while let Ok(more) = requests.try_recv() {
-            waiting.push(more);
-        }
-        let want: usize = waiting.iter().map(|r| r.want).sum::<usize>().min(MAX_BATCH);
-        pull_id += 1;
-        let reply = format!("{inbox}.{pull_id}");
-        let body = json!({"batch": want, "no_wait": true}).to_string();
-        let mut got = Vec::new();
-        if let Err(err) = client
-            .publish_with_reply(api.clone(), reply.clone(), body.into())
+    id: u64,
+}
+
+impl Pulls {
+    /// Asks for `batch` messages to `<inbox>.<kind>.<id>`; the reply subject, or `None`
+    /// when the request could not be sent.
+    async fn send(&mut self, kind: &str, body: serde_json::Value) -> Option<String> {
+        self.id += 1;
+        let reply = format!("{}.{kind}.{}", self.inbox, self.id);
+        match self
+            .js
+            .client()
+            .publish_with_reply(self.api.clone(), reply.clone(), body.to_string().into())
             .await
         {
-            warn!(error = %err, "pull request failed");
-        } else {
-            let deadline = tokio::time::Instant::now() + PULL_ANSWER_TIMEOUT;
-            while got.len() < want {
-                let Ok(Some(msg)) = tokio::time::timeout_at(deadline, subscription.next()).await
-                else {
-                    break;
-                };
-                match msg.status {
-                    None | Some(StatusCode::OK) => got.push(jetstream::Message {
-                        message: msg,
-                        context: js.clone(),
-                    }),
-                    // The end of this pull (no messages, expired, or refused); other pulls'
-                    // statuses and heartbeats are not ours to act on.
-                    Some(_) if msg.subject.as_str() == reply => break,
-                    Some(_) => {}
+            Ok(()) => Some(reply),
+            Err(err) => {
+                warn!(error = %err, "pull request failed");
+                None
+            }
+        }
+    }
+
+    fn message(&self, message: async_nats::Message) -> jetstream::Message {
+        jetstream::Message {
+            message,
+            context: self.js.clone(),
+        }
+    }
+}
+
+async fn run(
+    mut pulls: Pulls,
+    mut now_sub: async_nats::Subscriber,
+    mut wait_sub: async_nats::Subscriber,
+    mut requests: mpsc::Receiver<Request>,
+) {
+    let mut fresh: Vec<(usize, oneshot::Sender<Vec<jetstream::Message>>)> = Vec::new();
+    let mut round: Option<Round> = None;
+    let mut waiters: VecDeque<Waiter> = VecDeque::new();
+    let mut wait_pulls: VecDeque<WaitPull> = VecDeque::new();
+    let mut refused_until: Option<Instant> = None;
+    loop {
+        // Fetches that came in while a pull was in flight make up the next one.
+        if round.is_none() && !fresh.is_empty() {
+            let fetches = std::mem::take(&mut fresh);
+            let want = fetches.iter().map(|f| f.0).sum::<usize>().min(MAX_BATCH);
+            let body = json!({"batch": want, "no_wait": true});
+            match pulls.send("n", body).await {
+                Some(reply) => {
+                    round = Some(Round {
+                        reply,
+                        want,
+                        deadline: Instant::now() + PULL_ANSWER_TIMEOUT,
+                        fetches,
+                        got: Vec::new(),
+                    });
+                }
+                None => fetches
+                    .into_iter()
+                    .for_each(|(_, r)| drop(r.send(Vec::new()))),
+            }
+        }
+        // Enough waiting pulls for the live waiters, each open until the earliest of them
+        // gives up (so a pull rarely outlives its waiters).
+        let now = Instant::now();
+        waiters.retain(|w| w.until > now && !w.sink.is_closed());
+        let open: usize = wait_pulls.iter().map(|p| p.remaining).sum();
+        let earliest = waiters.iter().map(|w| w.until).min();
+        if let Some(earliest) = earliest.filter(|_| waiters.len() > open) {
+            if refused_until.is_none_or(|t| t <= now) {
+                let batch = waiters.len() - open;
+                let expires = earliest.saturating_duration_since(now).as_nanos() as u64;
+                let body = json!({"batch": batch, "expires": expires});
+                if let Some(reply) = pulls.send("w", body).await {
+                    wait_pulls.push_back(WaitPull {
+                        reply,
+                        remaining: batch,
+                    });
                 }
             }
         }
-        // Hand the messages out in arrival order, to fetches in arrival order.
-        let mut messages = got.into_iter();
-        for req in waiting {
-            let share: Vec<_> = messages.by_ref().take(req.want).collect();
-            if let Err(unwanted) = req.reply.send(share) {
-                for msg in unwanted {
-                    let _ = msg.ack_with(jetstream::AckKind::Nak(None)).await;
+        let round_deadline = round.as_ref().map(|r| r.deadline);
+        let wake = earliest.into_iter().chain(refused_until).min();
+        tokio::select! {
+            req = requests.recv() => match req {
+                Some(Request::Now { want, reply }) => fresh.push((want, reply)),
+                Some(Request::Wait(w)) => waiters.push_back(w),
+                None => return,
+            },
+            msg = now_sub.next() => {
+                let Some(msg) = msg else { return };
+                match msg.status {
+                    None | Some(StatusCode::OK) => {
+                        let msg = pulls.message(msg);
+                        match round.as_mut() {
+                            Some(r) => {
+                                r.got.push(msg);
+                                if r.got.len() >= r.want {
+                                    finish(round.take(), &mut waiters).await;
+                                }
+                            }
+                            // A late delivery to an old pull.
+                            None => wake_one(msg, &mut waiters).await,
+                        }
+                    }
+                    // The end of this pull (no messages, expired, or refused); other pulls'
+                    // statuses are not ours to act on.
+                    Some(_) => {
+                        if round.as_ref().is_some_and(|r| r.reply == msg.subject.as_str()) {
+                            finish(round.take(), &mut waiters).await;
+                        }
+                    }
                 }
+            }
+            msg = wait_sub.next() => {
+                let Some(msg) = msg else { return };
+                match msg.status {
+                    None | Some(StatusCode::OK) => {
+                        // JetStream serves waiting pulls oldest first.
+                        if let Some(p) = wait_pulls.front_mut() {
+                            p.remaining -= 1;
+                            if p.remaining == 0 {
+                                wait_pulls.pop_front();
+                            }
+                        }
+                        wake_one(pulls.message(msg), &mut waiters).await;
+                    }
+                    Some(status) => {
+                        let before = wait_pulls.len();
+                        wait_pulls.retain(|p| p.reply != msg.subject.as_str());
+                        if wait_pulls.len() < before && status != StatusCode::TIMEOUT {
+                            warn!(%status, "a waiting pull was refused");
+                            refused_until = Some(Instant::now() + REFUSED_PAUSE);
+                        }
+                    }
+                }
+            }
+            _ = sleep_until(round_deadline), if round_deadline.is_some() => {
+                finish(round.take(), &mut waiters).await;
+            }
+            _ = sleep_until(wake), if wake.is_some() => {
+                refused_until = refused_until.filter(|t| *t > Instant::now());
             }
         }
     }
 }
 
-/// A message nobody asked for any more goes straight back to the stream.
-async fn release(js: &jetstream::Context, msg: async_nats::Message) {
-    if msg.status.is_some() && msg.status != Some(StatusCode::OK) {
-        return;
+async fn sleep_until(at: Option<Instant>) {
+    tokio::time::sleep_until(at.unwrap_or_else(Instant::now)).await;
+}
+
+/// Hands a round's messages out in arrival order, to its fetches in arrival order; what
+/// nobody takes goes to a waiter or back to the stream.
+async fn finish(round: Option<Round>, waiters: &mut VecDeque<Waiter>) {
+    let Some(round) = round else { return };
+    let mut messages = round.got.into_iter();
+    for (want, reply) in round.fetches {
+        let share: Vec<_> = messages.by_ref().take(want).collect();
+        if let Err(unwanted) = reply.send(share) {
+            for msg in unwanted {
+                wake_one(msg, waiters).await;
+            }
+        }
     }
-    let msg = jetstream::Message {
-        message: msg,
-        context: js.clone(),
-    };
-    if let Err(err) = msg.ack_with(jetstream::AckKind::Nak(None)).await {
+    for msg in messages {
+        wake_one(msg, waiters).await;
+    }
+}
+
+/// Gives the message to the oldest live waiter, or releases it.
+async fn wake_one(msg: jetstream::Message, waiters: &mut VecDeque<Waiter>) {
+    let mut msg = msg;
+    while let Some(w) = waiters.pop_front() {
+        match w.sink.send((w.tag, msg)) {
+            Ok(()) => return,
+            Err(mpsc::error::SendError((_, back))) => msg = back,
+        }
+    }
+    release(msg).await;
+}
+
+/// A message nobody asked for any more goes straight back to the stream.
+async fn release(msg: jetstream::Message) {
+    if let Err(err) = msg.ack_with(AckKind::Nak(None)).await {
         warn!(error = %err, "could not release a late queue message");
     }
 }

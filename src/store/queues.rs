@@ -68,6 +68,12 @@ impl QueueRegistry {
         self.inner.queues.clear();
     }
 
+    /// Completes when the registry learns of a queue or priority (or forgets them): what a
+    /// FETCH waiting for a queue that does not exist yet waits for.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.queues.changed()
+    }
+
     /// The queue's entry: from memory, else from the bucket.
     pub async fn lookup(&self, queue: &str) -> Result<Option<QueueMeta>, OjsError> {
         let key = encode_queue(queue);

@@ -56,7 +56,11 @@ pub struct WorkerConfig {
     pub worker_id: String,
     /// Reservation asked for on each fetch; the job's or the server's otherwise.
     pub visibility_timeout: Option<Duration>,
-    /// Pause after an empty fetch.
+    /// How long a fetch may wait at the server for a job while the queues are empty (long
+    /// polling, the fetch's `wait_ms`): a job is picked up the moment it arrives, without
+    /// polling. Default 2 s (core §7.2); zero asks for an immediate answer.
+    pub fetch_wait: Duration,
+    /// Pause after an empty fetch. Default 0: the fetch itself waited.
     pub poll_interval: Duration,
     pub labels: Vec<String>,
 }
@@ -71,7 +75,8 @@ impl WorkerConfig {
             grace_period: Duration::from_secs(25),
             worker_id: format!("worker_{}", uuid::Uuid::now_v7()),
             visibility_timeout: None,
-            poll_interval: Duration::from_millis(250),
+            fetch_wait: Duration::from_secs(2),
+            poll_interval: Duration::ZERO,
             labels: Vec::new(),
         }
     }
@@ -372,7 +377,8 @@ impl Engine {
             while let Ok(p) = slots.clone().try_acquire_owned() {
                 permits.push(p);
             }
-            let mut body = json!({"queues": self.cfg.queues, "count": permits.len(), "worker_id": self.cfg.worker_id});
+            let mut body = json!({"queues": self.cfg.queues, "count": permits.len(), "worker_id": self.cfg.worker_id,
+                "wait_ms": self.cfg.fetch_wait.as_millis() as u64});
             if let Some(v) = self.cfg.visibility_timeout {
                 body["visibility_timeout_ms"] = json!(v.as_millis() as u64);
             }

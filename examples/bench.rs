@@ -29,7 +29,10 @@ use serde_json::{json, Value};
 
 /// Longest a drain waits for jobs that do not arrive before it counts them as missing.
 const DRAIN_PATIENCE: Duration = Duration::from_secs(20);
-/// Pause of an idle worker before it fetches again.
+/// How long a worker's fetch waits for a job when its queue is empty: a gateway FETCH with
+/// `wait_ms`, a waiting pull on the floor. Workers block instead of polling.
+const FETCH_WAIT: Duration = Duration::from_secs(1);
+/// Pause of a worker whose fetch came back empty, before it fetches again.
 const IDLE_PAUSE: Duration = Duration::from_millis(1);
 
 #[derive(Clone)]
@@ -171,6 +174,16 @@ impl Outcome {
 struct Tally {
     errors: AtomicU64,
     done: AtomicUsize,
+    /// When the last job was completed: a scenario ends there, not when the last idle
+    /// worker's fetch returns.
+    last_done: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Tally {
+    fn seconds_since(&self, start: Instant) -> f64 {
+        let end = self.last_done.lock().unwrap().unwrap_or_else(Instant::now);
+        end.duration_since(start).as_secs_f64()
+    }
 }
 
 /// Microseconds since the benchmark started: the clock carried inside latency jobs.
@@ -237,9 +250,18 @@ struct Round {
     fetched: usize,
     /// Jobs completed.
     completed: usize,
+    /// When the round completed its last job.
+    last_completed: Option<Instant>,
     errors: Vec<String>,
     /// Enqueue→fetch latencies in microseconds, for jobs that carried their enqueue time.
     latencies: Vec<u64>,
+}
+
+impl Round {
+    fn complete(&mut self) {
+        self.completed += 1;
+        self.last_completed = Some(Instant::now());
+    }
 }
 
 /// Runs `workers` tasks, each calling `round(worker)` until `target` jobs are completed or
@@ -266,6 +288,10 @@ where
                         record_error(&tally, e);
                     }
                     tally.done.fetch_add(r.completed, Ordering::Relaxed);
+                    if let Some(at) = r.last_completed {
+                        let mut last = tally.last_done.lock().unwrap();
+                        *last = Some(last.map_or(at, |l| l.max(at)));
+                    }
                     latencies.lock().unwrap().extend(r.latencies);
                     if r.fetched > 0 {
                         *last_progress.lock().unwrap() = Instant::now();
@@ -367,7 +393,8 @@ impl Gateway {
         consume(workers, target, tally, move |w| {
             let gw = gw.clone();
             let worker_id = format!("bench-worker-{w}");
-            let request = json!({"queues": [queue], "count": count, "worker_id": worker_id});
+            let request = json!({"queues": [queue], "count": count, "worker_id": worker_id,
+                "wait_ms": FETCH_WAIT.as_millis() as u64});
             Box::pin(async move {
                 let mut round = Round::default();
                 let jobs = match gw.post("/ojs/v1/workers/fetch", &request).await {
@@ -386,7 +413,7 @@ impl Gateway {
                     let id = job["id"].as_str().unwrap_or_default();
                     let ack = json!({"job_id": id, "worker_id": worker_id});
                     match gw.post("/ojs/v1/workers/ack", &ack).await {
-                        Ok(_) => round.completed += 1,
+                        Ok(_) => round.complete(),
                         Err(e) => round.errors.push(e),
                     }
                 }
@@ -506,21 +533,18 @@ impl Floor {
             let (floor, consumer, queue) = (floor.clone(), consumer.clone(), queue.clone());
             Box::pin(async move {
                 let mut round = Round::default();
-                // A no-wait pull that loses a race for the last message can be parked by
-                // nats-server 2.9 and never answered; the expiry bounds that wait.
-                let fetch = consumer
-                    .fetch()
-                    .max_messages(count)
-                    .expires(Duration::from_secs(1));
-                let messages = match fetch.messages().await {
-                    Ok(batch) => batch.collect::<Vec<_>>().await,
+                // A waiting pull: each message is processed as it arrives; the pull ends
+                // when `count` came or after `FETCH_WAIT`.
+                let pull = consumer.batch().max_messages(count).expires(FETCH_WAIT);
+                let mut messages = match pull.messages().await {
+                    Ok(batch) => batch,
                     Err(e) => {
                         round.errors.push(e.to_string());
                         return round;
                     }
                 };
-                let now = micros(clock);
-                for msg in messages {
+                while let Some(msg) = messages.next().await {
+                    let now = micros(clock);
                     let msg = match msg {
                         Ok(msg) => msg,
                         Err(e) => {
@@ -532,7 +556,7 @@ impl Floor {
                     match floor.process(&queue, &msg).await {
                         Ok(sent) => {
                             round.latencies.push(now.saturating_sub(sent));
-                            round.completed += 1;
+                            round.complete();
                         }
                         Err(e) => round.errors.push(e),
                     }
@@ -727,7 +751,7 @@ impl Bench {
         let mut outcome = Outcome {
             name: Bench::name(floor, &format!("drain-{count}")),
             jobs: done,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds: tally.seconds_since(start),
             errors: tally.errors.load(Ordering::Relaxed),
             missing: target.saturating_sub(done),
             floor: (!floor).then(|| format!("floor-drain-{count}")),
@@ -761,7 +785,7 @@ impl Bench {
         let mut outcome = Outcome {
             name: Bench::name(floor, name),
             jobs: done,
-            seconds: start.elapsed().as_secs_f64(),
+            seconds: consumed.seconds_since(start),
             errors: produced.errors.load(Ordering::Relaxed)
                 + consumed.errors.load(Ordering::Relaxed),
             missing: load.jobs.saturating_sub(done),

@@ -13,6 +13,11 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// The gateway binary's allocator, so gateways run in-process by the tests perform as
+/// deployed ones (timer lateness and failover times are measured here).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A nats-server child process; killed and its store removed on drop.
 pub struct NatsServer {
     child: Option<Child>,

@@ -293,7 +293,7 @@ impl Store {
             let registry_changed = self.inner.queues.changed();
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
-            let lanes = self.fetch_now(req, &mut got).await?;
+            let lanes = self.fetch_now(req, &mut got).await;
             let Some(until) = until.filter(|u| got.is_empty() && *u > Instant::now()) else {
                 break;
             };
@@ -314,26 +314,31 @@ impl Store {
     }
 
     /// Claims what the named queues hold now, up to the request's count; returns every
-    /// queue lane it looked at.
-    async fn fetch_now(
-        &self,
-        req: &FetchRequest,
-        got: &mut Claims,
-    ) -> Result<Vec<(String, i32, Puller)>, OjsError> {
+    /// queue lane it looked at. A failure stops it and is kept in `got`, so jobs already
+    /// claimed are still handed out.
+    async fn fetch_now(&self, req: &FetchRequest, got: &mut Claims) -> Vec<(String, i32, Puller)> {
         let mut lanes = Vec::new();
         for queue in &req.queues {
-            let Some(meta) = self.inner.queues.lookup(queue).await? else {
-                continue;
+            let meta = match self.inner.queues.lookup(queue).await {
+                Ok(Some(meta)) if !meta.paused => meta,
+                Ok(_) => continue,
+                Err(err) => {
+                    got.failure.get_or_insert(err);
+                    return lanes;
+                }
             };
-            if meta.paused {
-                continue;
-            }
             for priority in meta.priorities {
-                let puller = self.inner.queues.puller(queue, priority).await?;
+                let puller = match self.inner.queues.puller(queue, priority).await {
+                    Ok(puller) => puller,
+                    Err(err) => {
+                        got.failure.get_or_insert(err);
+                        return lanes;
+                    }
+                };
                 loop {
                     let need = req.count.saturating_sub(got.jobs.len());
                     if need == 0 || got.failure.is_some() {
-                        return Ok(lanes);
+                        return lanes;
                     }
                     let delivered = puller.pull(need).await;
                     if delivered.is_empty() {
@@ -346,7 +351,7 @@ impl Store {
                 lanes.push((queue.clone(), priority, puller));
             }
         }
-        Ok(lanes)
+        lanes
     }
 
     /// Claims one delivered message into `got`; a message whose claim failed is released

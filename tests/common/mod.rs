@@ -2,6 +2,7 @@
 //! loopback port with JetStream and a temp store, and gateways started in-process on it.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,18 +30,26 @@ pub struct NatsServer {
 impl NatsServer {
     pub fn start() -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
         let mut server = NatsServer {
             child: None,
             dir,
-            port,
-            url: format!("nats://127.0.0.1:{port}"),
+            port: 0,
+            url: String::new(),
         };
-        server.spawn();
-        server
+        // A free port can be taken by another test before nats-server binds it; then the
+        // server exits and a new port is tried.
+        for _ in 0..5 {
+            server.port = free_port();
+            server.url = format!("nats://127.0.0.1:{}", server.port);
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("nats-server did not start on any of five free ports");
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server on `self.port`; false when it exited instead of serving there.
+    fn spawn(&mut self) -> bool {
         let bin = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into());
         let child = Command::new(&bin)
             .args([
@@ -57,7 +66,28 @@ impl NatsServer {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin} (set NATS_SERVER_BIN): {e}"));
         self.child = Some(child);
-        wait_for_port(self.port);
+        self.serving()
+    }
+
+    /// Waits until this server answers on its port as NATS does (an `INFO` line); false
+    /// when it exited first.
+    fn serving(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let child = self.child.as_mut().expect("spawned");
+        loop {
+            if child.try_wait().expect("nats-server status").is_some() {
+                return false;
+            }
+            if speaks_nats(self.port) {
+                return true;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Kills the server abruptly (as a crash would).
@@ -71,7 +101,11 @@ impl NatsServer {
     /// Starts it again on the same port and store.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "nats-server could not restart on port {}",
+            self.port
+        );
     }
 }
 
@@ -89,15 +123,15 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nats-server did not start on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Whether what listens on `port` greets like a NATS server (not, say, another test's
+/// gateway that took the port).
+fn speaks_nats(port: u16) -> bool {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut greeting = [0u8; 4];
+    conn.read_exact(&mut greeting).is_ok() && &greeting == b"INFO"
 }
 
 /// A gateway running in this test's runtime.

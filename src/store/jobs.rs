@@ -142,9 +142,10 @@ impl Store {
             encoded.push(bytes);
         }
 
+        // Every job's lane, scheduled ones too: creating a queue's stream when its first
+        // scheduled job comes due would make that promotion late.
         let lanes: BTreeSet<(&str, i32)> = records
             .iter()
-            .filter(|r| r.dispatch > 0)
             .map(|r| (r.job.queue.as_str(), r.job.priority))
             .collect();
         for (queue, priority) in lanes {

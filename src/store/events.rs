@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::message::PublishMessage;
-use futures::future::join_all;
 use futures::StreamExt;
 
-use super::error::backend;
+use super::error::{all_stored, backend};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::event::Event;
@@ -82,10 +81,7 @@ impl Store {
                 .map_err(backend("publishing an event"))?;
             acks.push(ack);
         }
-        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
-            ack.map_err(backend("publishing an event"))?;
-        }
-        Ok(())
+        all_stored(acks, "publishing an event").await
     }
 
     /// A page of events matching `q`, oldest first.

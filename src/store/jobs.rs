@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::error::backend;
+use super::error::{all_stored, backend};
 use super::puller::Puller;
 use super::timers::Timer;
 use super::Store;
@@ -170,9 +170,7 @@ impl Store {
                 acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
             }
         }
-        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
-            ack.map_err(backend("publishing a job to its queue"))?;
-        }
+        all_stored(acks, "publishing a job to its queue").await?;
 
         let creates = records
             .iter()

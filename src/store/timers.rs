@@ -15,7 +15,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::backend;
+use super::error::{all_stored, backend};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
@@ -122,13 +122,7 @@ impl Store {
         for timer in timers {
             acks.push(self.send_timer(timer).await?);
         }
-        for ack in
-            futures::future::join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
-                .await
-        {
-            ack.map_err(backend("publishing a timer"))?;
-        }
-        Ok(())
+        all_stored(acks, "publishing a timer").await
     }
 
     /// Opens the timer feed from the start: the consumer is recreated, so every timer not

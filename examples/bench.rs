@@ -15,6 +15,8 @@
 //! them. Prints a table, then one JSON line per scenario. Failed requests are counted in
 //! `errors`; jobs that never came back are counted in `missing`. With the pids given, each
 //! scenario also reports the CPU seconds the gateway, nats-server and the benchmark used.
+//! The `e2e` scenario ends with `e2e-http-only`: the same requests answered without NATS
+//! work, which shows how much of the machine HTTP alone takes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -331,7 +333,13 @@ impl Gateway {
         }
     }
 
-    async fn post(&self, path: &str, body: &Value) -> Result<Value, String> {
+    /// POSTs `body`; the response body when `accept` takes its status, else an error.
+    async fn call(
+        &self,
+        path: &str,
+        body: &Value,
+        accept: fn(reqwest::StatusCode) -> bool,
+    ) -> Result<Value, String> {
         let response = self
             .http
             .post(format!("{}{path}", self.url))
@@ -341,11 +349,39 @@ impl Gateway {
             .map_err(|e| e.to_string())?;
         let status = response.status();
         let body: Value = response.json().await.map_err(|e| e.to_string())?;
-        if status.is_success() {
+        if accept(status) {
             Ok(body)
         } else {
             Err(format!("{status}: {body}"))
         }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<Value, String> {
+        self.call(path, body, |s| s.is_success()).await
+    }
+
+    /// The HTTP traffic of `e2e` without its JetStream work: per job a PUSH, a FETCH and an
+    /// ACK from `tasks` concurrent clients, each invalid in one field so the gateway answers
+    /// 400 before touching NATS. What the requests alone cost both processes.
+    async fn http_only(&self, queue: &str, jobs: usize, tasks: usize, tally: Arc<Tally>) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        produce(jobs, 1, tasks, None, tally, move |i, _| {
+            let (gw, queue) = (gw.clone(), queue.clone());
+            Box::pin(async move {
+                let rejected = |s| s == reqwest::StatusCode::BAD_REQUEST;
+                let push =
+                    json!({"type": "bench.job", "queue": queue.to_uppercase(), "args": [i, 0]});
+                gw.call("/ojs/v1/jobs", &push, rejected).await?;
+                let fetch = json!({"queues": [queue], "count": 1, "worker_id": "bench-http",
+                    "wait_ms": -1});
+                gw.call("/ojs/v1/workers/fetch", &fetch, rejected).await?;
+                let ack = json!({"job_id": i, "worker_id": "bench-http"});
+                gw.call("/ojs/v1/workers/ack", &ack, rejected).await?;
+                Ok(())
+            })
+        })
+        .await;
     }
 
     /// PUSH (`batch` 1) or batch PUSH; jobs carry `[index, enqueue time]` as args.
@@ -803,6 +839,38 @@ impl Bench {
         self.outcomes.push(outcome);
     }
 
+    /// `e2e`'s requests answered without NATS work (`Gateway::http_only`), compared with the
+    /// floor's `e2e`: the share of the machine HTTP alone takes.
+    async fn http_only(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let queue = self.gateway.queue("e2e-http-only");
+        let tally = Arc::new(Tally::default());
+        let jobs = self.settings.jobs;
+        let start = Instant::now();
+        let meter = self.meter();
+        gw.http_only(
+            &queue,
+            jobs,
+            self.settings.producers + self.settings.workers,
+            tally.clone(),
+        )
+        .await;
+        let mut outcome = Outcome {
+            name: "e2e-http-only".into(),
+            jobs: tally.done.load(Ordering::Relaxed),
+            seconds: start.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: jobs - tally.done.load(Ordering::Relaxed),
+            floor: Some("floor-e2e".into()),
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
     /// 500,000 (by default) jobs queued in batches of 1000: the gateway's RSS before and after.
     async fn memory(&mut self, pid: u32) {
         let idle = rss_mb(pid);
@@ -1063,6 +1131,7 @@ async fn main() {
     if s.wants("e2e") {
         bench.run_through(true, "e2e", single, s.workers).await;
         bench.run_through(false, "e2e", single, s.workers).await;
+        bench.http_only().await;
     }
     if s.wants("latency") {
         let paced = Load {

@@ -60,6 +60,12 @@ pub async fn run(
             warn!(error = %err, "could not set TCP_NODELAY on a connection");
         }
     });
+    let store = state.store.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Before the server waits for in-flight requests: long polls would hold it up to 10 s.
+        store.stop_waiting();
+    };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

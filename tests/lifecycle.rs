@@ -632,6 +632,33 @@ async fn waiting_fetches_share_arriving_jobs_one_each() {
 }
 
 #[tokio::test]
+async fn shutdown_ends_waiting_fetches_at_once() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let (http, url) = (app.http.clone(), app.url("/ojs/v1/workers/fetch"));
+    let waiting = tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .json(&json!({"queues": ["lp-stop"], "worker_id": "lp", "wait_ms": 10_000}))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<serde_json::Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = Instant::now();
+    app.stop().await;
+    let stopped = stopping.elapsed();
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["jobs"], json!([]));
+    assert!(
+        stopped < Duration::from_secs(2),
+        "shutdown took {stopped:?}"
+    );
+}
+
+#[tokio::test]
 async fn fetch_rejects_a_bad_wait() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;

@@ -286,6 +286,7 @@ impl Store {
     /// `backend_error` when NATS fails before anything was claimed.
     pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
         let until = req.wait.map(|w| Instant::now() + w);
+        let stop_waiting = &self.inner.stop_waiting;
         let mut got = Claims::default();
         loop {
             // Armed before looking, so a queue (or priority) created meanwhile is not missed.
@@ -293,10 +294,18 @@ impl Store {
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
             let lanes = self.fetch_now(req, &mut got).await;
-            let Some(until) = until.filter(|u| got.is_empty() && *u > Instant::now()) else {
+            let Some(until) = until
+                .filter(|u| got.is_empty() && *u > Instant::now() && !stop_waiting.is_cancelled())
+            else {
                 break;
             };
-            let delivered = wait_for_delivery(&lanes, until, registry_changed).await;
+            let stop = async {
+                tokio::select! {
+                    () = registry_changed => {}
+                    () = stop_waiting.cancelled() => {}
+                }
+            };
+            let delivered = wait_for_delivery(&lanes, until, stop).await;
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
                 if got.jobs.len() < req.count {
@@ -310,6 +319,12 @@ impl Store {
             Some(err) if got.jobs.is_empty() => Err(err),
             _ => Ok(got.jobs),
         }
+    }
+
+    /// Ends every long-polling FETCH now, with what it holds, and lets no later one wait:
+    /// a shutting-down gateway answers its workers at once (architecture §3.3).
+    pub fn stop_waiting(&self) {
+        self.inner.stop_waiting.cancel();
     }
 
     /// Claims what the named queues hold now, up to the request's count; returns every

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv, stream::StorageType};
 use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::Config;
@@ -83,6 +84,8 @@ struct Inner {
     heartbeat_timeout: Duration,
     /// Largest job record this store will write.
     max_record_bytes: usize,
+    /// Cancelled at shutdown: long-polling FETCHes stop waiting.
+    stop_waiting: CancellationToken,
 }
 
 impl Store {
@@ -179,6 +182,7 @@ impl Store {
                 // The configured limit, within what the NATS server accepts in one message
                 // (leaving room for the record's own fields).
                 max_record_bytes: cfg.max_job_bytes.min(server_max.saturating_sub(4096)),
+                stop_waiting: CancellationToken::new(),
             }),
         })
     }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::{eventually, job_on, spawn_app, NatsServer};
+use futures::StreamExt;
 use serde_json::json;
 
 #[tokio::test]
@@ -575,6 +576,37 @@ async fn a_waiting_fetch_gets_the_job_pushed_while_it_waits() {
     })
     .await;
     assert_eq!(got["id"], next.as_str());
+}
+
+#[tokio::test]
+async fn a_waiting_fetch_claims_a_job_pushed_through_its_gateway_without_reading_the_record() {
+    let nats = NatsServer::start();
+    let app = std::sync::Arc::new(spawn_app(&nats.url).await);
+    app.enqueue(job_on("lp-own")).await;
+    assert_eq!(app.fetch(&["lp-own"], "w").await.len(), 1);
+    // Every read of a record is a direct get on the jobs stream: watch them.
+    let nats_client = async_nats::connect(&nats.url).await.unwrap();
+    let mut reads = nats_client.subscribe("$JS.API.DIRECT.GET.>").await.unwrap();
+    nats_client.flush().await.unwrap();
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { waiting_fetch(&app, &["lp-own"], 5000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = app.enqueue(job_on("lp-own")).await;
+    let jobs = waiting.await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["id"], id.as_str());
+    // The message reached the waiting FETCH before its record existed; the claim waited for
+    // the PUSH's record instead of reading the bucket.
+    let mut read = Vec::new();
+    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(200), reads.next()).await {
+        read.push(msg.subject.to_string());
+    }
+    assert!(
+        !read.iter().any(|s| s.contains(&id)),
+        "the claim read the record: {read:?}"
+    );
 }
 
 #[tokio::test]

@@ -28,6 +28,8 @@ use crate::domain::state::JobState;
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Compare-and-set attempts before an operation gives up under contention.
 const MAX_CAS_ATTEMPTS: usize = 16;
+/// Longest a claim waits for the record a PUSH through this gateway is still creating.
+const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 
 /// What the jobs bucket holds for an id.
 enum Lookup {
@@ -152,6 +154,15 @@ impl Store {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
 
+        // A claim that gets one of these messages before its record exists waits for this
+        // PUSH instead of re-reading (architecture §3.12); withdrawn however the PUSH ends.
+        let _expected = self.inner.recent.expect(
+            records
+                .iter()
+                .filter(|r| r.dispatch > 0)
+                .map(|r| r.job.id.clone())
+                .collect(),
+        );
         // Queue messages for available jobs, timers for scheduled ones and for expiry: all
         // stored before any record exists.
         let mut acks = Vec::new();
@@ -420,10 +431,16 @@ impl Store {
         };
 
         for attempt in 0..MAX_CAS_ATTEMPTS {
-            // The first try may use the record this gateway wrote last (`recent.rs`).
-            let guess = (attempt == 0)
-                .then(|| self.inner.recent.take(&d.id))
-                .flatten();
+            // The first try may use the record this gateway wrote last, or is writing now
+            // (`recent.rs`).
+            let guess = if attempt == 0 {
+                self.inner
+                    .recent
+                    .take_when_written(&d.id, RECORD_ON_ITS_WAY)
+                    .await
+            } else {
+                None
+            };
             let guessed = guess.is_some();
             let (rec, revision) = match guess {
                 Some(found) => found,

@@ -541,6 +541,21 @@ async fn waiting_fetch(
     r.body["jobs"].as_array().unwrap().clone()
 }
 
+/// Pushes a job onto `queue` while a FETCH waits there, asserts the FETCH got exactly that
+/// job, and returns its id.
+async fn push_during_a_wait(app: &std::sync::Arc<common::TestApp>, queue: &'static str) -> String {
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { waiting_fetch(&app, &[queue], 5000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = app.enqueue(job_on(queue)).await;
+    let jobs = waiting.await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["id"], id.as_str());
+    id
+}
+
 #[tokio::test]
 async fn a_waiting_fetch_gets_the_job_pushed_while_it_waits() {
     let nats = NatsServer::start();
@@ -588,15 +603,7 @@ async fn a_waiting_fetch_claims_a_job_pushed_through_its_gateway_without_reading
     let nats_client = async_nats::connect(&nats.url).await.unwrap();
     let mut reads = nats_client.subscribe("$JS.API.DIRECT.GET.>").await.unwrap();
     nats_client.flush().await.unwrap();
-    let waiting = {
-        let app = app.clone();
-        tokio::spawn(async move { waiting_fetch(&app, &["lp-own"], 5000).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let id = app.enqueue(job_on("lp-own")).await;
-    let jobs = waiting.await.unwrap();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0]["id"], id.as_str());
+    let id = push_during_a_wait(&app, "lp-own").await;
     // The message reached the waiting FETCH before its record existed; the claim waited for
     // the PUSH's record instead of reading the bucket.
     let mut read = Vec::new();
@@ -625,16 +632,7 @@ async fn a_waiting_fetch_on_empty_queues_answers_empty_after_its_wait() {
         );
     }
     // A queue created while a fetch waits on it is picked up too.
-    let app = std::sync::Arc::new(app);
-    let waiting = {
-        let app = app.clone();
-        tokio::spawn(async move { waiting_fetch(&app, &["lp-new"], 3000).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let id = app.enqueue(job_on("lp-new")).await;
-    let jobs = waiting.await.unwrap();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0]["id"], id.as_str());
+    push_during_a_wait(&std::sync::Arc::new(app), "lp-new").await;
 }
 
 #[tokio::test]

@@ -168,23 +168,26 @@ async fn concurrent_fetches_claim_each_job_exactly_once() {
 async fn fetch_count_claims_several() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
+    let mut ids = Vec::new();
     for _ in 0..5 {
-        app.enqueue(job_on("multi")).await;
+        ids.push(app.enqueue(job_on("multi")).await);
     }
-    let r = app
-        .post(
-            "/ojs/v1/workers/fetch",
-            json!({"queues": ["multi"], "count": 3}),
-        )
-        .await;
-    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 3);
-    let r = app
-        .post(
-            "/ojs/v1/workers/fetch",
-            json!({"queues": ["multi"], "count": 3}),
-        )
-        .await;
-    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 2);
+    // Claimed side by side, handed out in queue order.
+    for expected in [&ids[..3], &ids[3..]] {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["multi"], "count": 3}),
+            )
+            .await;
+        let got: Vec<&str> = r.body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, expected);
+    }
     for bad in [
         json!({"queues": []}),
         json!({}),

@@ -99,6 +99,23 @@ async fn wait_for_delivery(
     got
 }
 
+/// Adds a claim's outcome to `got`; a message whose claim failed is released for another
+/// fetch, and the failure reported only if nothing was claimed.
+async fn record_claim(
+    msg: &async_nats::jetstream::Message,
+    claim: Result<Option<Job>, OjsError>,
+    got: &mut Claims,
+) {
+    match claim {
+        Ok(Some(job)) => got.jobs.push(job),
+        Ok(None) => {}
+        Err(err) => {
+            settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            got.failure.get_or_insert(err);
+        }
+    }
+}
+
 /// The record before and after a settling operation (ACK, FAIL, CANCEL).
 #[derive(Debug, Clone)]
 pub struct Settled {
@@ -320,7 +337,8 @@ impl Store {
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
                 if got.jobs.len() < req.count {
-                    self.claim_into(&msg, queue, *priority, req, &mut got).await;
+                    let claim = self.claim(&msg, queue, *priority, req).await;
+                    record_claim(&msg, claim, &mut got).await;
                 } else {
                     settle(&msg, AckKind::Nak(None)).await;
                 }
@@ -369,34 +387,19 @@ impl Store {
                     if delivered.is_empty() {
                         break;
                     }
-                    for msg in delivered {
-                        self.claim_into(&msg, queue, priority, req, got).await;
+                    // Each message is its own job: claimed side by side, so the reads and
+                    // writes of a FETCH of many go to NATS together; kept in delivery order.
+                    let claims = delivered
+                        .iter()
+                        .map(|msg| self.claim(msg, queue, priority, req));
+                    for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
+                        record_claim(msg, claim, got).await;
                     }
                 }
                 lanes.push((queue.clone(), priority, puller));
             }
         }
         lanes
-    }
-
-    /// Claims one delivered message into `got`; a message whose claim failed is released
-    /// for another fetch, and the failure reported only if nothing was claimed.
-    async fn claim_into(
-        &self,
-        msg: &async_nats::jetstream::Message,
-        queue: &str,
-        priority: i32,
-        req: &FetchRequest,
-        got: &mut Claims,
-    ) {
-        match self.claim(msg, queue, priority, req).await {
-            Ok(Some(job)) => got.jobs.push(job),
-            Ok(None) => {}
-            Err(err) => {
-                settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
-                got.failure.get_or_insert(err);
-            }
-        }
     }
 
     /// Claims the job a delivered queue message points to, or settles the message when it

@@ -1,6 +1,8 @@
 //! `ojs-jetstream serve`: load the configuration, start the gateway, stop on SIGINT/SIGTERM.
 
+use std::cell::Cell;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use ojs_jetstream::{app, config::Config, telemetry};
 use tokio::net::TcpListener;
@@ -14,8 +16,34 @@ const USAGE: &str = "usage: ojs-jetstream serve\n\nSettings come from config/ojs
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(release_idle_memory)
+        .build()
+        .expect("tokio runtime")
+        .block_on(run())
+}
+
+/// mimalloc keeps the pages freed after a burst (eight concurrent 1000-job batches: tens of
+/// MB) until their thread allocates again, so a worker that goes idle after one would hold
+/// them. A worker about to park hands freed memory back, at most once a second: RSS with
+/// 500,000 queued jobs +37–46 MB → +27–32 MB over the idle gateway (docs/performance.md).
+fn release_idle_memory() {
+    thread_local! {
+        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    LAST.with(|last| {
+        let now = Instant::now();
+        if last.get().is_none_or(|t| now - t >= Duration::from_secs(1)) {
+            last.set(Some(now));
+            // SAFETY: mi_collect works on the calling thread's own heap.
+            unsafe { libmimalloc_sys::mi_collect(true) };
+        }
+    });
+}
+
+async fn run() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         None | Some("serve") => {}

@@ -180,13 +180,7 @@ async fn fetch_count_claims_several() {
                 json!({"queues": ["multi"], "count": 3}),
             )
             .await;
-        let got: Vec<&str> = r.body["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|j| j["id"].as_str().unwrap())
-            .collect();
-        assert_eq!(got, expected);
+        assert_eq!(common::job_ids(&r.body["jobs"]), expected);
     }
     for bad in [
         json!({"queues": []}),

@@ -236,14 +236,8 @@ async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
 
     let all = app.get("/ojs/v1/dead-letter").await;
     assert_eq!(all.status, 200);
-    let listed: Vec<&str> = all.body["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["id"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        listed,
+        common::job_ids(&all.body["jobs"]),
         [ids[2].as_str(), ids[1].as_str(), ids[0].as_str()],
         "newest first"
     );

@@ -375,3 +375,12 @@ where
 pub fn job_on(queue: &str) -> Value {
     json!({"type": "test.job", "args": [1], "options": {"queue": queue}})
 }
+
+/// The ids of a `jobs` array in a response body, in order.
+pub fn job_ids(jobs: &Value) -> Vec<&str> {
+    jobs.as_array()
+        .expect("a jobs array")
+        .iter()
+        .map(|j| j["id"].as_str().expect("a job id"))
+        .collect()
+}

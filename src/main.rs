@@ -28,7 +28,7 @@ fn main() -> ExitCode {
 /// mimalloc keeps the pages freed after a burst (eight concurrent 1000-job batches: tens of
 /// MB) until their thread allocates again, so a worker that goes idle after one would hold
 /// them. A worker about to park hands freed memory back, at most once a second: RSS with
-/// 500,000 queued jobs +37–46 MB → +27–32 MB over the idle gateway (docs/performance.md).
+/// 500,000 queued jobs +37–46 MB → +27–33 MB over the idle gateway (docs/performance.md).
 fn release_idle_memory() {
     thread_local! {
         static LAST: Cell<Option<Instant>> = const { Cell::new(None) };

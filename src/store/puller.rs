@@ -252,7 +252,8 @@ async fn run(
                         let before = wait_pulls.len();
                         wait_pulls.retain(|p| p.reply != msg.subject.as_str());
                         if wait_pulls.len() < before && status != StatusCode::TIMEOUT {
-                            warn!(%status, "a waiting pull was refused");
+                            let reason = msg.description.as_deref().unwrap_or("");
+                            warn!(%status, reason, "a waiting pull was refused");
                             refused_until = Some(Instant::now() + REFUSED_PAUSE);
                         }
                     }

@@ -31,7 +31,12 @@ nats_bin="$("$repo/scripts/ensure-nats.sh" | tail -n 1)"
 mkdir -p data/nats
 nats_log="$repo/data/nats-server.log"
 echo "serve: starting $nats_bin on 127.0.0.1:4222, store in data/nats, log in data/nats-server.log" >&2
-"$nats_bin" -js -sd "$repo/data/nats" -a 127.0.0.1 -p 4222 >>"$nats_log" 2>&1 &
+# In a session of its own, so that Ctrl-C in the terminal does not reach it: nats-server
+# handles SIGINT even when started in the background, and would stop while the gateway is
+# still finishing its requests. The EXIT trap stops it after the gateway. (A background
+# command of this script is no process group leader, so setsid execs in place and $! is
+# the nats-server's pid.)
+setsid "$nats_bin" -js -sd "$repo/data/nats" -a 127.0.0.1 -p 4222 >>"$nats_log" 2>&1 &
 nats_pid=$!
 
 # shellcheck disable=SC2317  # called from a trap

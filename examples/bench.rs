@@ -32,6 +32,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use ojs_jetstream::config::Config;
 use ojs_jetstream::store::Topology;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -555,7 +556,7 @@ impl Floor {
             namespace: format!("benchfloor{}", std::process::id()),
             replicas: 1,
             storage: StorageType::File,
-            ack_wait: Duration::from_secs(1860),
+            ack_wait: Duration::from_secs(Config::default().ack_wait_secs),
             job_history: 5,
             events_max_age: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(3),

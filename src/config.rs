@@ -39,7 +39,9 @@ pub struct Config {
     /// A worker that has heartbeated and then stays silent this long is declared dead and
     /// its jobs go back to their queues, in milliseconds (worker protocol §10).
     pub heartbeat_timeout_ms: u64,
-    /// JetStream's redelivery backstop for fetched messages nobody settled, in seconds.
+    /// JetStream's redelivery backstop for fetched messages nobody settled, in seconds: how
+    /// long a delivery stranded by a dead gateway waits; a job running longer than this costs
+    /// one record write per period (architecture §3.2).
     pub ack_wait_secs: u64,
     /// Revisions kept per job record; the event publisher can lag this many writes per job.
     pub job_history: i64,
@@ -66,7 +68,7 @@ impl Default for Config {
             visibility_timeout_ms: 1_800_000,
             execution_timeout_ms: 1_800_000,
             heartbeat_timeout_ms: 30_000,
-            ack_wait_secs: 1_860,
+            ack_wait_secs: 60,
             job_history: 5,
             events_max_age_secs: 86_400,
             lease_ttl_ms: 3_000,

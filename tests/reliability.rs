@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::consumer::PullConsumer;
 use common::{eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer};
+use futures::StreamExt;
 use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
@@ -305,4 +307,111 @@ async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
     app.get("/ojs/v1/dead-letter?limit=-1")
         .await
         .assert_error(400, "invalid_request");
+}
+
+/// The priority consumer of `queue` (priority 0), read directly from NATS.
+async fn lane_consumer(nats: &NatsServer, queue: &str) -> PullConsumer {
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    js.get_consumer_from_stream("p0", &format!("ojs-q-{queue}"))
+        .await
+        .unwrap()
+}
+
+/// A job delivered to a gateway that died before claiming it can be fetched again after
+/// AckWait; a changed `ack_wait_secs` reaches a queue made under the old one.
+#[tokio::test]
+async fn a_delivery_stranded_by_a_dead_gateway_comes_back_after_ack_wait() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    app.enqueue(job_on("stranded")).await;
+    let mut consumer = lane_consumer(&nats, "stranded").await;
+    assert_eq!(
+        consumer.info().await.unwrap().config.ack_wait,
+        Duration::from_secs(60),
+        "the default"
+    );
+    assert_eq!(app.fetch(&["stranded"], "w").await.len(), 1);
+    app.stop().await;
+
+    let app = spawn_app_with(Config {
+        ack_wait_secs: 1,
+        ..test_config(&nats.url)
+    })
+    .await;
+    assert!(app.fetch(&["stranded"], "w").await.is_empty());
+    assert_eq!(
+        consumer.info().await.unwrap().config.ack_wait,
+        Duration::from_secs(1),
+        "updated by the first fetch under the new setting"
+    );
+    let stranded = app.enqueue(job_on("stranded")).await;
+    let other = app.enqueue(job_on("stranded")).await;
+
+    // What a gateway that dies mid-FETCH leaves: a delivery nobody claims.
+    let mut pulled = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let msg = pulled.next().await.unwrap().unwrap();
+    let body: Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(body["id"], stranded.as_str());
+    drop(pulled);
+    let lost_at = Instant::now();
+
+    let fetched = app.fetch(&["stranded"], "w").await;
+    assert_eq!(fetched[0]["id"], other.as_str());
+    assert!(app.fetch(&["stranded"], "w").await.is_empty());
+    let job = eventually(Duration::from_secs(5), "the stranded job", || async {
+        app.fetch(&["stranded"], "w").await.pop()
+    })
+    .await;
+    assert!(lost_at.elapsed() >= Duration::from_millis(900));
+    assert_eq!(job["id"], stranded.as_str());
+    assert_eq!(job["attempt"], 1);
+}
+
+/// A job running longer than AckWait keeps its worker: each redelivery of its message only
+/// renews the hold, no other worker gets the job, and the worker's ACK settles the message.
+#[tokio::test]
+async fn a_job_running_longer_than_ack_wait_stays_with_its_worker() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        ack_wait_secs: 1,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app
+        .enqueue(json!({"type": "t.long", "args": [], "options": {"queue": "long", "visibility_timeout_ms": 30000}}))
+        .await;
+    assert_eq!(app.fetch(&["long"], "w1").await.len(), 1);
+    let running = Instant::now();
+    while running.elapsed() < Duration::from_millis(3500) {
+        assert!(app.fetch(&["long"], "w2").await.is_empty());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut consumer = lane_consumer(&nats, "long").await;
+    let deliveries = consumer.info().await.unwrap().delivered.consumer_sequence;
+    assert!(deliveries >= 3, "redelivered only {} times", deliveries - 1);
+    let job = app.job(&id).await;
+    assert_eq!(
+        (job["state"].as_str(), job["attempt"].as_i64()),
+        (Some("active"), Some(1))
+    );
+
+    let r = app
+        .post(
+            "/ojs/v1/workers/ack",
+            json!({"job_id": id, "worker_id": "w1"}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "completed", "{}", r.body);
+    eventually(Duration::from_secs(3), "the message settled", || {
+        let mut consumer = consumer.clone();
+        async move {
+            let info = consumer.info().await.ok()?.clone();
+            (info.num_ack_pending == 0 && info.num_pending == 0).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(app.fetch(&["long"], "w2").await.is_empty());
+    let after = consumer.info().await.unwrap().delivered.consumer_sequence;
+    assert_eq!(after, deliveries, "delivered again after the ACK");
 }

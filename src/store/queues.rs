@@ -5,10 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_nats::jetstream::{self, consumer::PullConsumer, kv};
+use async_nats::jetstream::consumer::{pull, PullConsumer};
+use async_nats::jetstream::{self, kv};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use super::error::backend;
 use super::mirror::Mirror;
@@ -183,6 +185,7 @@ impl QueueRegistry {
         if let Some(p) = pullers.get(&key) {
             return Ok(p.clone());
         }
+        self.align_ack_wait(queue, priority).await;
         let puller = Puller::start(
             self.inner.js.clone(),
             &self.inner.topology.queue_stream(queue),
@@ -192,5 +195,32 @@ impl QueueRegistry {
         .map_err(backend("subscribing for a queue"))?;
         pullers.insert(key, puller.clone());
         Ok(puller)
+    }
+
+    /// Gives a priority consumer made under another `ack_wait_secs` the current one, so a
+    /// changed setting reaches existing queues (architecture §2). Best effort: the consumer
+    /// works either way.
+    async fn align_ack_wait(&self, queue: &str, priority: i32) {
+        let reg = &self.inner;
+        let stream = reg.topology.queue_stream(queue);
+        let config = reg.topology.priority_consumer_config(queue, priority);
+        let name = Topology::priority_consumer(priority);
+        let updated = match reg
+            .js
+            .get_consumer_from_stream::<pull::Config, _, _>(&name, &stream)
+            .await
+        {
+            Ok(c) if c.cached_info().config.ack_wait == config.ack_wait => return,
+            Ok(_) => reg
+                .js
+                .create_consumer_on_stream(config, &stream)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(error) = updated {
+            warn!(queue, priority, %error, "could not align a priority consumer's ack wait");
+        }
     }
 }

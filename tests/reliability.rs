@@ -415,3 +415,58 @@ async fn a_job_running_longer_than_ack_wait_stays_with_its_worker() {
     let after = consumer.info().await.unwrap().delivered.consumer_sequence;
     assert_eq!(after, deliveries, "delivered again after the ACK");
 }
+
+/// A DELETE racing a RETRY of the same dead-lettered job: exactly one of them wins, so a job
+/// whose retry was answered 200 is never deleted behind the caller's back.
+#[tokio::test]
+async fn a_dead_letter_delete_racing_a_retry_never_removes_the_retried_job() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let job = json!({"type": "t.d", "args": [], "options": {"queue": "dl-race", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}});
+        let id = app.enqueue(job).await;
+        app.fetch(&["dl-race"], "w").await;
+        let r = app
+            .post(
+                "/ojs/v1/workers/nack",
+                json!({"job_id": id, "error": {"message": "no"}}),
+            )
+            .await;
+        assert_eq!(r.body["state"], "discarded");
+        ids.push(id);
+    }
+    let (mut retried, mut deleted) = (0, 0);
+    for (i, id) in ids.iter().enumerate() {
+        // The DELETE starts a little later each time, so its read and purge fall on
+        // every side of the RETRY's write.
+        let lag = Duration::from_micros(10 * i as u64);
+        let retry_path = format!("/ojs/v1/dead-letter/{id}/retry");
+        let retry = app.post(&retry_path, json!({}));
+        let delete = async {
+            let start = Instant::now();
+            while start.elapsed() < lag {
+                tokio::task::yield_now().await;
+            }
+            app.delete(&format!("/ojs/v1/dead-letter/{id}")).await
+        };
+        let (r, d) = tokio::join!(retry, delete);
+        match (r.status.as_u16(), d.status.as_u16()) {
+            (200, 404) => {
+                assert_eq!(app.job(id).await["state"], "available");
+                retried += 1;
+            }
+            (404, 200) => {
+                app.get(&format!("/ojs/v1/jobs/{id}"))
+                    .await
+                    .assert_error(404, "not_found");
+                deleted += 1;
+            }
+            other => panic!("retry and delete of {id} answered {other:?}"),
+        }
+    }
+    assert!(
+        retried > 0 && deleted > 0,
+        "the race was not exercised: {retried} retried, {deleted} deleted"
+    );
+}

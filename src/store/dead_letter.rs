@@ -3,6 +3,7 @@
 //! published before the job's discard is written and named in its record, so the queue is
 //! listed newest first by walking the stream backwards — no key listing.
 
+use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::InfoWithSubjects;
 use futures::StreamExt;
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::error::backend;
+use super::jobs::{changing_too_fast, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
@@ -154,24 +156,34 @@ impl Store {
         Ok(settled.after.job)
     }
 
-    /// Removes a job from the dead letter queue for good: its entry and its record.
+    /// Removes a job from the dead letter queue for good: its entry and its record. The
+    /// purge names the revision it decided on, so a job retried meanwhile is never lost.
     ///
     /// # Errors
-    /// 404 when the job is not in the dead letter queue.
+    /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
-        let Some((rec, _)) = self.read(id).await? else {
-            return Err(OjsError::not_found("dead-letter job", id));
-        };
-        let Some(seq) = rec.dead_letter else {
-            return Err(OjsError::not_found("dead-letter job", id));
-        };
-        self.inner
-            .jobs
-            .purge(id)
-            .await
-            .map_err(backend("deleting a dead-letter job"))?;
-        self.drop_dead_letter_entry(seq).await;
-        Ok(())
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let Some((rec, revision)) = self.read(id).await? else {
+                return Err(OjsError::not_found("dead-letter job", id));
+            };
+            let Some(seq) = rec.dead_letter else {
+                return Err(OjsError::not_found("dead-letter job", id));
+            };
+            match self
+                .inner
+                .jobs
+                .purge_expect_revision(id, Some(revision))
+                .await
+            {
+                Ok(()) => {
+                    self.drop_dead_letter_entry(seq).await;
+                    return Ok(());
+                }
+                Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+                Err(err) => return Err(backend("deleting a dead-letter job")(err)),
+            }
+        }
+        Err(changing_too_fast(id))
     }
 
     /// Best effort: a stale entry left behind is skipped by listings.

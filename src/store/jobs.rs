@@ -27,7 +27,7 @@ use crate::domain::state::JobState;
 /// that died between its two writes (or was rolled back); it is dropped.
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Compare-and-set attempts before an operation gives up under contention.
-const MAX_CAS_ATTEMPTS: usize = 16;
+pub(super) const MAX_CAS_ATTEMPTS: usize = 16;
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 
@@ -614,10 +614,7 @@ impl Store {
                 return Ok(Settled { before, after });
             }
         }
-        Err(OjsError::new(
-            ErrorCode::Conflict,
-            format!("Job '{id}' is changing too fast; retry."),
-        ))
+        Err(changing_too_fast(id))
     }
 
     /// What must be stored before a transition is written, so that no crash between the two
@@ -741,6 +738,14 @@ enum ClaimStep {
     Write(Box<JobRecord>),
     /// Nothing to write; settle the message so.
     Settle(AckKind),
+}
+
+/// 409 for an operation that lost every compare-and-set round on the job's record.
+pub(super) fn changing_too_fast(id: &str) -> OjsError {
+    OjsError::new(
+        ErrorCode::Conflict,
+        format!("Job '{id}' is changing too fast; retry."),
+    )
 }
 
 /// Decides what `msg` does to the job whose record is `rec` (architecture §3.1–§3.2).

@@ -121,6 +121,43 @@ async fn a_thousand_retries_come_due_within_100_ms() {
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1000);
 }
 
+/// A worker already waiting in a long-polling FETCH gets a scheduled job when it comes due,
+/// not a NAK delay later: the promotion publishes the job's message just before it writes
+/// the record, and the claim waits for that write instead of putting the message back.
+#[tokio::test]
+async fn a_waiting_worker_gets_scheduled_jobs_within_100_ms_of_their_time() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    // The worker asks a second gateway, as behind a load balancer: its claim does not
+    // follow the leader's writes on one connection.
+    let other = spawn_app(&nats.url).await;
+    let first = Utc::now() + chrono::Duration::seconds(1);
+    for i in 0..20 {
+        let at = (first + chrono::Duration::milliseconds(100 * i))
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        app.enqueue(json!({"type": "t.s", "args": [i], "options": {"queue": "waiting", "scheduled_at": at}}))
+            .await;
+    }
+    let mut lateness = Vec::new();
+    while lateness.len() < 20 {
+        let r = other
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["waiting"], "worker_id": "w", "wait_ms": 5000}),
+            )
+            .await;
+        let got = Utc::now();
+        let job = &r.body["jobs"][0];
+        assert!(job.is_object(), "nothing came: {}", r.body);
+        lateness.push((got - ts(&job["scheduled_at"])).num_milliseconds());
+    }
+    lateness.sort_unstable();
+    println!("scheduled job → waiting worker: {lateness:?} ms");
+    assert!(lateness[0] >= 0, "a job came before its time");
+    assert!(lateness[19] <= 100, "{} ms late", lateness[19]);
+}
+
 #[tokio::test]
 async fn five_thousand_jobs_in_backoff_do_not_stall_their_queue() {
     let _serial = SERIAL.lock().await;

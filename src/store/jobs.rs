@@ -455,10 +455,8 @@ impl Store {
                     }
                     Lookup::Missing => {
                         // The enqueue that published this message may still be creating the
-                        // record: a waiting fetch gets the message that fast. Look again
-                        // after 0.5, 1, 2, 4 and 8 ms.
-                        if attempt < 5 && !delivered.orphan_age_passed {
-                            tokio::time::sleep(Duration::from_micros(500 << attempt)).await;
+                        // record.
+                        if look_again(attempt, &delivered).await {
                             continue;
                         }
                         let kind = if delivered.orphan_age_passed {
@@ -483,6 +481,13 @@ impl Store {
                 // A remembered record only ever decides a write; anything else is decided on
                 // a fresh read.
                 _ if guessed => continue,
+                Ok(ClaimStep::Behind) => {
+                    if look_again(attempt, &delivered).await {
+                        continue;
+                    }
+                    settle(msg, AckKind::Nak(Some(Duration::from_millis(200)))).await;
+                    return Ok(None);
+                }
                 Ok(ClaimStep::Settle(kind)) => {
                     settle(msg, kind).await;
                     return Ok(None);
@@ -738,6 +743,21 @@ enum ClaimStep {
     Write(Box<JobRecord>),
     /// Nothing to write; settle the message so.
     Settle(AckKind),
+    /// The record is at an older dispatch: the write that goes with this message has not
+    /// landed yet (or never will).
+    Behind,
+}
+
+/// Pauses before looking again for the record a young message points to that is missing or
+/// `Behind`: its writer publishes the message first and writes the record a moment later,
+/// and a waiting FETCH gets the message that fast. Looks after 0.5, 1, 2, 4 and 8 ms; false
+/// once they are spent.
+async fn look_again(attempt: usize, delivered: &Delivered<'_>) -> bool {
+    let again = attempt < 5 && !delivered.orphan_age_passed;
+    if again {
+        tokio::time::sleep(Duration::from_micros(500 << attempt)).await;
+    }
+    again
 }
 
 /// 409 for an operation that lost every compare-and-set round on the job's record.
@@ -760,16 +780,12 @@ fn claim_step(
         // Published for another job that reused this id (a refused duplicate).
         return Ok(ClaimStep::Settle(AckKind::Term));
     }
-    if rec.dispatch != msg.dispatch {
-        // Older: superseded by a later dispatch. Newer: the write that goes with this
-        // message has not landed yet (or never will).
-        return Ok(ClaimStep::Settle(
-            if rec.dispatch > msg.dispatch || msg.orphan_age_passed {
-                AckKind::Ack
-            } else {
-                AckKind::Nak(Some(Duration::from_millis(200)))
-            },
-        ));
+    if rec.dispatch > msg.dispatch || (rec.dispatch < msg.dispatch && msg.orphan_age_passed) {
+        // Superseded by a later dispatch, or its write never landed: spent.
+        return Ok(ClaimStep::Settle(AckKind::Ack));
+    }
+    if rec.dispatch < msg.dispatch {
+        return Ok(ClaimStep::Behind);
     }
     let visibility = req
         .visibility

@@ -76,7 +76,7 @@ impl Scheduler {
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                             tokio::spawn(async move {
                                 match store.fire(&timer.timer).await {
-                                    Ok(_) => timer.done().await,
+                                    Ok(_) => store.timer_done(timer).await,
                                     Err(err) => {
                                         warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");
                                         let _ = retry.send(timer);

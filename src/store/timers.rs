@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -91,9 +92,14 @@ pub struct TimerFeed {
 }
 
 /// A timer read from the feed; acknowledge it once fired.
+///
+/// Keeps a copy of the delivery's reply subject rather than the message: a received payload
+/// shares its allocation with everything else read from the connection at the time, so
+/// holding messages until they are due would keep all of that alive too (gateway RSS
+/// +122 MB against +39 MB with 100,000 timers pending, `bench --scenarios timers`).
 pub struct PendingTimer {
     pub timer: Timer,
-    msg: async_nats::jetstream::Message,
+    ack_subject: String,
 }
 
 impl Store {
@@ -237,8 +243,16 @@ impl TimerFeed {
                     continue;
                 }
             };
+            let Some(reply) = msg.reply.as_ref() else {
+                continue;
+            };
             match serde_json::from_slice::<Timer>(&msg.payload) {
-                Ok(timer) => return Some(PendingTimer { timer, msg }),
+                Ok(timer) => {
+                    return Some(PendingTimer {
+                        timer,
+                        ack_subject: reply.to_string(),
+                    })
+                }
                 Err(err) => {
                     warn!(error = %err, "dropping an unreadable timer");
                     let _ = msg.ack().await;
@@ -248,10 +262,11 @@ impl TimerFeed {
     }
 }
 
-impl PendingTimer {
-    /// Removes the fired timer.
-    pub async fn done(self) {
-        if let Err(err) = self.msg.ack().await {
+impl Store {
+    /// Removes a fired timer from the stream.
+    pub async fn timer_done(&self, timer: PendingTimer) {
+        let client = self.inner.js.client();
+        if let Err(err) = client.publish(timer.ack_subject, Bytes::new()).await {
             warn!(error = %err, "could not acknowledge a fired timer");
         }
     }

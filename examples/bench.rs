@@ -7,8 +7,8 @@
 //! cargo run --release --example bench -- [--url http://127.0.0.1:8080]
 //!     [--nats nats://127.0.0.1:4222] [--namespace ojs] [--jobs 20000] [--producers 64]
 //!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
-//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory]]
-//!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000]
+//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory][,timers]]
+//!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
 //! ```
 //!
 //! `scripts/bench.sh` starts a fresh nats-server and a release gateway and runs this against
@@ -16,7 +16,8 @@
 //! `errors`; jobs that never came back are counted in `missing`. With the pids given, each
 //! scenario also reports the CPU seconds the gateway, nats-server and the benchmark used.
 //! The `e2e` scenario ends with `e2e-http-only`: the same requests answered without NATS
-//! work, which shows how much of the machine HTTP alone takes.
+//! work, which shows how much of the machine HTTP alone takes. `memory` and `timers` run
+//! only when named.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +45,10 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(20);
 const FETCH_WAIT: Duration = Duration::from_secs(1);
 /// Pause of a worker whose fetch came back empty, before it fetches again.
 const IDLE_PAUSE: Duration = Duration::from_millis(1);
+/// `timers`: the first job is due this long after its enqueue starts, the last one
+/// `TIMER_SPREAD` later, the others evenly between.
+const TIMER_LEAD: Duration = Duration::from_secs(15);
+const TIMER_SPREAD: Duration = Duration::from_secs(100);
 
 #[derive(Clone)]
 struct Settings {
@@ -61,6 +66,7 @@ struct Settings {
     gateway_pid: Option<u32>,
     nats_pid: Option<u32>,
     memory_jobs: usize,
+    timer_jobs: usize,
 }
 
 /// `--name value` pairs from the command line; each is taken once, leftovers are errors.
@@ -122,6 +128,7 @@ impl Settings {
             gateway_pid: f.pid("gateway-pid"),
             nats_pid: f.pid("nats-pid"),
             memory_jobs: f.number("memory-jobs", 500_000) as usize,
+            timer_jobs: f.number("timer-jobs", 100_000) as usize,
         };
         if let Some(unknown) = f.0.keys().next() {
             fail(&format!("unknown flag --{unknown}"));
@@ -331,7 +338,8 @@ struct Fetched {
 #[derive(Deserialize)]
 struct FetchedJob {
     id: String,
-    /// `[index, enqueue time]`, as the benchmark enqueues them.
+    /// `[index, enqueue time]` (`[index, due time]` for scheduled jobs) on the benchmark's
+    /// clock, as the benchmark enqueues them.
     args: (u64, u64),
 }
 
@@ -486,6 +494,46 @@ impl Gateway {
         .await;
     }
 
+    /// Batch PUSH of `jobs` jobs scheduled evenly from `TIMER_LEAD` to `TIMER_LEAD` +
+    /// `TIMER_SPREAD` after now; each carries its due time, so a worker's latency for it is
+    /// how late it became fetchable.
+    async fn schedule(
+        &self,
+        queue: &str,
+        jobs: usize,
+        producers: usize,
+        clock: Instant,
+        tally: Arc<Tally>,
+    ) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        // Due times in whole milliseconds, as `scheduled_at` carries them: `start` is the
+        // benchmark's clock at the whole millisecond `wall`.
+        let (now, start) = (chrono::Utc::now(), micros(clock));
+        let start = start - u64::from(now.timestamp_subsec_micros() % 1000);
+        let wall = chrono::DateTime::from_timestamp_millis(now.timestamp_millis())
+            .expect("a current time");
+        produce(jobs, 1000, producers, None, tally, move |first, n| {
+            let (gw, queue) = (gw.clone(), queue.clone());
+            Box::pin(async move {
+                let list: Vec<Value> = (first..first + n)
+                    .map(|i| {
+                        let spread = TIMER_SPREAD.as_millis() as usize * i / jobs;
+                        let due = TIMER_LEAD + Duration::from_millis(spread as u64);
+                        let at = wall + chrono::Duration::from_std(due).expect("a short offset");
+                        json!({"type": "bench.job", "args": [i, start + due.as_micros() as u64],
+                            "options": {"queue": queue, "scheduled_at":
+                                at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)}})
+                    })
+                    .collect();
+                gw.post("/ojs/v1/jobs/batch", &json!({ "jobs": list }))
+                    .await?;
+                Ok(())
+            })
+        })
+        .await;
+    }
+
     /// Workers FETCH `count` at a time and ACK each job.
     async fn work(
         &self,
@@ -521,6 +569,12 @@ impl Gateway {
                 let now = micros(clock);
                 round.fetched = jobs.len();
                 for job in &jobs {
+                    if now < job.args.1 {
+                        let early = job.args.1 - now;
+                        round
+                            .errors
+                            .push(format!("job {} fetched {early} µs early", job.id));
+                    }
                     round.latencies.push(now.saturating_sub(job.args.1));
                     let ack = json!({"job_id": job.id, "worker_id": worker_id});
                     match gw.post("/ojs/v1/workers/ack", &ack).await {
@@ -727,7 +781,7 @@ struct FloorMessage {
 // Scenarios.
 
 /// Queue names the benchmark uses (prefixed per run).
-const QUEUES: [&str; 4] = ["drain", "e2e", "latency", "memory"];
+const QUEUES: [&str; 5] = ["drain", "e2e", "latency", "memory", "timers"];
 
 /// How jobs are offered.
 #[derive(Clone, Copy)]
@@ -975,6 +1029,103 @@ impl Bench {
         outcome.rss_loaded_mb = rss_mb(pid);
         progress(&outcome);
         self.outcomes.push(outcome);
+    }
+
+    /// `timer_jobs` (100,000 by default) jobs scheduled over `TIMER_SPREAD`: the leader's RSS
+    /// once it holds all their timers, and how late each one became fetchable.
+    async fn timers(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let gw = gw.clone();
+        let pid = self.settings.gateway_pid;
+        let idle = pid.and_then(rss_mb);
+        let queue = self.gateway.queue("timers");
+        let jobs = self.settings.timer_jobs;
+        let produced = Arc::new(Tally::default());
+        let meter = self.meter();
+        let first_due = Instant::now() + TIMER_LEAD;
+        gw.schedule(
+            &queue,
+            jobs,
+            self.settings.batch_producers,
+            self.clock,
+            produced.clone(),
+        )
+        .await;
+        let scheduled = produced.done.load(Ordering::Relaxed);
+        // RSS once the leader holds every timer and the gateway is quiet again: the event
+        // publisher has caught up and the idle-memory hook has run.
+        let loaded = match pid {
+            Some(pid) if self.timers_loaded().await => {
+                self.settle(false, &mut Outcome::default()).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                rss_mb(pid)
+            }
+            _ => None,
+        };
+        eprintln!(
+            "bench: timers — {scheduled} jobs scheduled, RSS {} MB with their timers loaded, \
+             the first due in {:.1} s",
+            loaded.map_or_else(|| "-".to_owned(), |mb| format!("{mb:.1}")),
+            first_due
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        );
+        let consumed = Arc::new(Tally::default());
+        let latencies = gw
+            .work(
+                &queue,
+                1,
+                self.settings.workers,
+                scheduled,
+                self.clock,
+                consumed.clone(),
+            )
+            .await;
+        let done = consumed.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: "timers".into(),
+            jobs: done,
+            seconds: consumed.seconds_since(first_due),
+            errors: produced.errors.load(Ordering::Relaxed)
+                + consumed.errors.load(Ordering::Relaxed),
+            missing: jobs.saturating_sub(done),
+            latencies,
+            rss_idle_mb: idle,
+            rss_loaded_mb: loaded,
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(false, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// Waits (up to 30 s) until the leader has been handed every stored timer; false if it
+    /// was not, or the timers stream could not be read.
+    async fn timers_loaded(&self) -> bool {
+        let stream = format!("{}-timers", self.settings.namespace);
+        let Ok(mut consumer) = self
+            .js
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
+                "scheduler",
+                &stream,
+            )
+            .await
+        else {
+            eprintln!("bench: no scheduler consumer on {stream}; RSS not measured");
+            return false;
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            match consumer.info().await {
+                Ok(info) if info.num_pending == 0 => return true,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     /// After a gateway scenario, waits until its event publisher has caught up, so the next
@@ -1225,6 +1376,9 @@ async fn main() {
             Some(pid) => bench.memory(pid).await,
             None => eprintln!("bench: the memory scenario needs --gateway-pid; skipped"),
         }
+    }
+    if s.wants("timers") {
+        bench.timers().await;
     }
     floor.clean_up().await;
     bench.report();

@@ -1106,26 +1106,9 @@ impl Bench {
     /// was not, or the timers stream could not be read.
     async fn timers_loaded(&self) -> bool {
         let stream = format!("{}-timers", self.settings.namespace);
-        let Ok(mut consumer) = self
-            .js
-            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
-                "scheduler",
-                &stream,
-            )
+        let limit = Duration::from_secs(30);
+        self.wait_for_consumer(&stream, "scheduler", limit, |info| info.num_pending == 0)
             .await
-        else {
-            eprintln!("bench: no scheduler consumer on {stream}; RSS not measured");
-            return false;
-        };
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(30) {
-            match consumer.info().await {
-                Ok(info) if info.num_pending == 0 => return true,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(_) => return false,
-            }
-        }
-        false
     }
 
     /// After a gateway scenario, waits until its event publisher has caught up, so the next
@@ -1136,25 +1119,40 @@ impl Bench {
         }
         let start = Instant::now();
         let stream = format!("KV_{}-jobs", self.settings.namespace);
+        let limit = Duration::from_secs(60);
+        self.wait_for_consumer(&stream, "event-publisher", limit, |info| {
+            info.num_pending == 0 && info.num_ack_pending == 0
+        })
+        .await;
+        outcome.events_catch_up = Some(start.elapsed().as_secs_f64());
+    }
+
+    /// Polls the gateway's consumer `name` on `stream` until `done` holds for it, at most
+    /// `limit`; false when it did not, or the consumer could not be read (said on stderr).
+    async fn wait_for_consumer(
+        &self,
+        stream: &str,
+        name: &str,
+        limit: Duration,
+        done: impl Fn(&jetstream::consumer::Info) -> bool,
+    ) -> bool {
         let Ok(mut consumer) = self
             .js
-            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
-                "event-publisher",
-                &stream,
-            )
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(name, stream)
             .await
         else {
-            eprintln!("bench: no event publisher found on {stream}; not waiting for it");
-            return;
+            eprintln!("bench: no consumer {name} on {stream}; not waiting for it");
+            return false;
         };
-        while start.elapsed() < Duration::from_secs(60) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
             match consumer.info().await {
-                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => break,
+                Ok(info) if done(info) => return true,
                 Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(_) => break,
+                Err(_) => return false,
             }
         }
-        outcome.events_catch_up = Some(start.elapsed().as_secs_f64());
+        false
     }
 
     fn report(&self) {

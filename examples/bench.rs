@@ -613,6 +613,8 @@ impl Floor {
             ack_wait: Duration::from_secs(Config::default().ack_wait_secs),
             job_history: 5,
             events_max_age: Duration::from_secs(60),
+            dead_letter_max_age: Duration::from_secs(Config::default().dead_letter_max_age_secs),
+            dead_letter_max_count: Config::default().dead_letter_max_count,
             lease_ttl: Duration::from_secs(3),
         };
         let bucket = topology.jobs_bucket();

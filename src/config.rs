@@ -47,6 +47,11 @@ pub struct Config {
     pub job_history: i64,
     /// How long lifecycle events are kept in the events stream, in seconds.
     pub events_max_age_secs: u64,
+    /// Dead-letter retention (dead-letter spec §5): entries older than this are pruned, in
+    /// seconds.
+    pub dead_letter_max_age_secs: u64,
+    /// Dead-letter retention: beyond this many entries the oldest are pruned.
+    pub dead_letter_max_count: i64,
     /// Coordinator lease time-to-live, in milliseconds; renewed every third of it.
     pub lease_ttl_ms: u64,
     /// Timeout of one NATS request, in milliseconds.
@@ -71,6 +76,8 @@ impl Default for Config {
             ack_wait_secs: 60,
             job_history: 5,
             events_max_age_secs: 86_400,
+            dead_letter_max_age_secs: 180 * 86_400,
+            dead_letter_max_count: 10_000,
             lease_ttl_ms: 3_000,
             nats_timeout_ms: 5_000,
         }
@@ -150,7 +157,12 @@ impl Config {
         if self.max_job_bytes > self.max_body_bytes {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
+        // The dead-letter spec requires a retention policy; NATS reads 0 as "no limit".
+        if self.dead_letter_max_count < 1 {
+            return invalid("dead_letter_max_count", "must be positive");
+        }
         for (field, value) in [
+            ("dead_letter_max_age_secs", self.dead_letter_max_age_secs),
             ("visibility_timeout_ms", self.visibility_timeout_ms),
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
@@ -180,6 +192,22 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn dead_letter_retention_cannot_be_switched_off() {
+        for bad in [
+            Config {
+                dead_letter_max_count: 0,
+                ..Config::default()
+            },
+            Config {
+                dead_letter_max_age_secs: 0,
+                ..Config::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -209,23 +209,29 @@ async fn a_cancelled_job_is_reported_on_the_next_heartbeat() {
     assert_eq!(r.body["jobs_extended"], json!([]));
 }
 
+/// Enqueues a job on `queue` that fails once into the dead letter queue; its id.
+async fn dead_letter_a_job(app: &common::TestApp, queue: &str) -> String {
+    let id = app
+        .enqueue(json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}))
+        .await;
+    app.fetch(&[queue], "w").await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/nack",
+            json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "discarded");
+    id
+}
+
 #[tokio::test]
 async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
-    let dlq = |queue: &str| json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}});
     let mut ids = Vec::new();
     for queue in ["dl-a", "dl-a", "dl-b"] {
-        let id = app.enqueue(dlq(queue)).await;
-        app.fetch(&[queue], "w").await;
-        let r = app
-            .post(
-                "/ojs/v1/workers/nack",
-                json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
-            )
-            .await;
-        assert_eq!(r.body["state"], "discarded");
-        ids.push(id);
+        ids.push(dead_letter_a_job(&app, queue).await);
     }
     // A plain discard is not dead-lettered.
     let plain = app.enqueue(json!({"type": "t.d", "args": [], "options": {"queue": "dl-a", "retry": {"max_attempts": 1}}})).await;
@@ -307,6 +313,81 @@ async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
     app.get("/ojs/v1/dead-letter?limit=-1")
         .await
         .assert_error(400, "invalid_request");
+}
+
+/// Beyond `dead_letter_max_count` entries the oldest leave the dead letter queue (dead-letter
+/// spec §5), also when a restart lowers the limit; a pruned job stays an ordinary discarded
+/// job.
+#[tokio::test]
+async fn dead_letter_retention_keeps_only_the_newest_max_count_jobs() {
+    let nats = NatsServer::start();
+    let before = spawn_app(&nats.url).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(dead_letter_a_job(&before, "dl-keep").await);
+    }
+    before.stop().await;
+    let app = spawn_app_with(Config {
+        dead_letter_max_count: 2,
+        ..test_config(&nats.url)
+    })
+    .await;
+    ids.push(dead_letter_a_job(&app, "dl-other").await);
+    let all = app.get("/ojs/v1/dead-letter").await;
+    assert_eq!(
+        common::job_ids(&all.body["jobs"]),
+        [ids[2].as_str(), ids[1].as_str()]
+    );
+    assert_eq!(all.body["pagination"]["total"], 2);
+    let one_queue = app.get("/ojs/v1/dead-letter?queue=dl-keep").await;
+    assert_eq!(common::job_ids(&one_queue.body["jobs"]), [ids[1].as_str()]);
+    assert_eq!(one_queue.body["pagination"]["total"], 1);
+    app.get(&format!("/ojs/v1/dead-letter/{}", ids[0]))
+        .await
+        .assert_error(404, "not_found");
+    app.delete(&format!("/ojs/v1/dead-letter/{}", ids[0]))
+        .await
+        .assert_error(404, "not_found");
+    assert_eq!(app.job(&ids[0]).await["state"], "discarded");
+    assert_eq!(
+        app.get(&format!("/ojs/v1/dead-letter/{}", ids[1]))
+            .await
+            .status,
+        200
+    );
+    // Like every discarded job, a pruned one can still be retried.
+    let r = app
+        .post(&format!("/ojs/v1/dead-letter/{}/retry", ids[0]), json!({}))
+        .await;
+    assert_eq!(r.body["job"]["state"], "available", "{}", r.body);
+}
+
+/// Entries older than `dead_letter_max_age_secs` leave the dead letter queue.
+#[tokio::test]
+async fn dead_letter_retention_prunes_jobs_older_than_max_age() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        dead_letter_max_age_secs: 1,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = dead_letter_a_job(&app, "dl-age").await;
+    let path = format!("/ojs/v1/dead-letter/{id}");
+    assert_eq!(app.get(&path).await.status, 200);
+    let started = Instant::now();
+    eventually(Duration::from_secs(10), "the entry's expiry", || async {
+        (app.get(&path).await.status == 404).then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() > Duration::from_millis(500),
+        "pruned after {:?}, before its max_age",
+        started.elapsed()
+    );
+    let listed = app.get("/ojs/v1/dead-letter").await;
+    assert_eq!(listed.body["jobs"], json!([]));
+    assert_eq!(listed.body["pagination"]["total"], 0);
+    assert_eq!(app.job(&id).await["state"], "discarded");
 }
 
 /// The priority consumer of `queue` (priority 0), read directly from NATS.
@@ -424,17 +505,7 @@ async fn a_dead_letter_delete_racing_a_retry_never_removes_the_retried_job() {
     let app = spawn_app(&nats.url).await;
     let mut ids = Vec::new();
     for _ in 0..40 {
-        let job = json!({"type": "t.d", "args": [], "options": {"queue": "dl-race", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}});
-        let id = app.enqueue(job).await;
-        app.fetch(&["dl-race"], "w").await;
-        let r = app
-            .post(
-                "/ojs/v1/workers/nack",
-                json!({"job_id": id, "error": {"message": "no"}}),
-            )
-            .await;
-        assert_eq!(r.body["state"], "discarded");
-        ids.push(id);
+        ids.push(dead_letter_a_job(&app, "dl-race").await);
     }
     let (mut retried, mut deleted) = (0, 0);
     for (i, id) in ids.iter().enumerate() {

@@ -1,11 +1,12 @@
 //! The dead letter queue (dead-letter spec, digest §3.5, §4.11): jobs discarded under a
 //! `dead_letter` exhaustion policy. Each one has an entry in the dead-letter stream,
 //! published before the job's discard is written and named in its record, so the queue is
-//! listed newest first by walking the stream backwards — no key listing.
+//! listed newest first by walking the stream backwards — no key listing. Retention is the
+//! stream's own limits, so NATS prunes entries and a job counts only while its entry exists.
 
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::InfoWithSubjects;
+use async_nats::jetstream::stream::{DirectGetErrorKind, InfoWithSubjects};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -23,6 +24,13 @@ const SCAN_LIMIT: u64 = 5_000;
 #[derive(Debug, Serialize, Deserialize)]
 struct Entry {
     id: String,
+}
+
+/// A job in the dead letter queue: its record, the record's revision and its entry's sequence.
+struct DeadLettered {
+    record: JobRecord,
+    revision: u64,
+    entry: u64,
 }
 
 /// One page of the dead letter queue, newest first.
@@ -134,9 +142,27 @@ impl Store {
     /// # Errors
     /// 404 when the job is unknown or not in the dead letter queue.
     pub async fn dead_letter(&self, id: &str) -> Result<Job, OjsError> {
-        match self.read(id).await? {
-            Some((rec, _)) if rec.dead_letter.is_some() => Ok(rec.job),
-            _ => Err(OjsError::not_found("dead-letter job", id)),
+        Ok(self.dead_lettered(id).await?.record.job)
+    }
+
+    /// The job's record while it is in the dead letter queue: the record names an entry and
+    /// retention has not pruned that entry.
+    async fn dead_lettered(&self, id: &str) -> Result<DeadLettered, OjsError> {
+        let not_in_queue = || OjsError::not_found("dead-letter job", id);
+        let Some((record, revision)) = self.read(id).await? else {
+            return Err(not_in_queue());
+        };
+        let Some(entry) = record.dead_letter else {
+            return Err(not_in_queue());
+        };
+        match self.inner.dead_letter.direct_get(entry).await {
+            Ok(_) => Ok(DeadLettered {
+                record,
+                revision,
+                entry,
+            }),
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => Err(not_in_queue()),
+            Err(err) => Err(backend("reading the dead letter queue")(err)),
         }
     }
 
@@ -163,12 +189,9 @@ impl Store {
     /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let Some((rec, revision)) = self.read(id).await? else {
-                return Err(OjsError::not_found("dead-letter job", id));
-            };
-            let Some(seq) = rec.dead_letter else {
-                return Err(OjsError::not_found("dead-letter job", id));
-            };
+            let DeadLettered {
+                revision, entry, ..
+            } = self.dead_lettered(id).await?;
             match self
                 .inner
                 .jobs
@@ -176,7 +199,7 @@ impl Store {
                 .await
             {
                 Ok(()) => {
-                    self.drop_dead_letter_entry(seq).await;
+                    self.drop_dead_letter_entry(entry).await;
                     return Ok(());
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
@@ -188,8 +211,13 @@ impl Store {
 
     /// Best effort: a stale entry left behind is skipped by listings.
     async fn drop_dead_letter_entry(&self, seq: u64) {
-        if let Err(err) = self.inner.dead_letter.delete_message(seq).await {
-            warn!(sequence = seq, error = %err, "could not remove a dead-letter entry");
+        match self.inner.dead_letter.delete_message(seq).await {
+            Ok(_) => {}
+            // Retention pruned it already.
+            Err(err) if err.to_string().contains("no message found") => {}
+            Err(err) => {
+                warn!(sequence = seq, error = %err, "could not remove a dead-letter entry");
+            }
         }
     }
 }

@@ -121,6 +121,8 @@ impl Store {
             ack_wait: Duration::from_secs(cfg.ack_wait_secs),
             job_history: cfg.job_history,
             events_max_age: Duration::from_secs(cfg.events_max_age_secs),
+            dead_letter_max_age: Duration::from_secs(cfg.dead_letter_max_age_secs),
+            dead_letter_max_count: cfg.dead_letter_max_count,
             lease_ttl: cfg.lease_ttl(),
         };
         let started = Instant::now();

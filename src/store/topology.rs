@@ -15,6 +15,8 @@ pub struct Topology {
     pub ack_wait: Duration,
     pub job_history: i64,
     pub events_max_age: Duration,
+    pub dead_letter_max_age: Duration,
+    pub dead_letter_max_count: i64,
     pub lease_ttl: Duration,
 }
 
@@ -62,11 +64,15 @@ impl Topology {
         format!("{}.dlq.{}", self.namespace, encode_queue(queue))
     }
 
+    /// Retention is the stream's limits: NATS drops entries past either one, oldest first.
     pub fn dead_letter_stream_config(&self) -> stream::Config {
         stream::Config {
             name: self.dead_letter_stream(),
             subjects: vec![format!("{}.dlq.*", self.namespace)],
             retention: RetentionPolicy::Limits,
+            max_age: self.dead_letter_max_age,
+            max_messages: self.dead_letter_max_count,
+            discard: DiscardPolicy::Old,
             storage: self.storage,
             num_replicas: self.replicas,
             allow_direct: true,
@@ -217,6 +223,8 @@ mod tests {
             ack_wait: Duration::from_secs(60),
             job_history: 5,
             events_max_age: Duration::from_secs(60),
+            dead_letter_max_age: Duration::from_secs(60),
+            dead_letter_max_count: 10,
             lease_ttl: Duration::from_secs(3),
         }
     }

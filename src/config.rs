@@ -47,6 +47,9 @@ pub struct Config {
     pub job_history: i64,
     /// How long lifecycle events are kept in the events stream, in seconds.
     pub events_max_age_secs: u64,
+    /// How long a finished (completed, cancelled, discarded) job stays readable before the
+    /// leader prunes it, in seconds; 0 keeps every job (architecture §3.13).
+    pub finished_jobs_max_age_secs: u64,
     /// Dead-letter retention (dead-letter spec §5): entries older than this are pruned, in
     /// seconds.
     pub dead_letter_max_age_secs: u64,
@@ -76,6 +79,7 @@ impl Default for Config {
             ack_wait_secs: 60,
             job_history: 5,
             events_max_age_secs: 86_400,
+            finished_jobs_max_age_secs: 7 * 86_400,
             dead_letter_max_age_secs: 180 * 86_400,
             dead_letter_max_count: 10_000,
             lease_ttl_ms: 3_000,
@@ -83,6 +87,9 @@ impl Default for Config {
         }
     }
 }
+
+/// Longest retention accepted: 100 years, far inside what NATS and the clock arithmetic hold.
+const MAX_AGE_LIMIT_SECS: u64 = 100 * 365 * 86_400;
 
 /// A setting that cannot work.
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +164,15 @@ impl Config {
         if self.max_job_bytes > self.max_body_bytes {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
+        for (field, value) in [
+            ("events_max_age_secs", self.events_max_age_secs),
+            ("finished_jobs_max_age_secs", self.finished_jobs_max_age_secs),
+            ("dead_letter_max_age_secs", self.dead_letter_max_age_secs),
+        ] {
+            if value > MAX_AGE_LIMIT_SECS {
+                return invalid(field, "must be at most 3153600000 (100 years)");
+            }
+        }
         // The dead-letter spec requires a retention policy; NATS reads 0 as "no limit".
         if self.dead_letter_max_count < 1 {
             return invalid("dead_letter_max_count", "must be positive");
@@ -192,6 +208,21 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn retention_is_at_most_a_century() {
+        let bad = Config {
+            finished_jobs_max_age_secs: MAX_AGE_LIMIT_SECS + 1,
+            ..Config::default()
+        };
+        assert!(bad.validate().is_err());
+        let longest = Config {
+            finished_jobs_max_age_secs: MAX_AGE_LIMIT_SECS,
+            dead_letter_max_age_secs: MAX_AGE_LIMIT_SECS,
+            ..Config::default()
+        };
+        longest.validate().unwrap();
     }
 
     #[test]

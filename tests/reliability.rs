@@ -7,7 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::PullConsumer;
-use common::{eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer};
+use common::{
+    dead_letter_a_job, eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer,
+};
 use futures::StreamExt;
 use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
@@ -207,22 +209,6 @@ async fn a_cancelled_job_is_reported_on_the_next_heartbeat() {
         .await;
     assert_eq!(r.body["jobs_cancelled"], json!([id]));
     assert_eq!(r.body["jobs_extended"], json!([]));
-}
-
-/// Enqueues a job on `queue` that fails once into the dead letter queue; its id.
-async fn dead_letter_a_job(app: &common::TestApp, queue: &str) -> String {
-    let id = app
-        .enqueue(json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}))
-        .await;
-    app.fetch(&[queue], "w").await;
-    let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
-        )
-        .await;
-    assert_eq!(r.body["state"], "discarded");
-    id
 }
 
 #[tokio::test]

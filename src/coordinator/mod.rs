@@ -5,6 +5,7 @@
 mod cron;
 mod deadline_watch;
 mod event_publisher;
+mod pruner;
 mod scheduler;
 
 use std::time::Duration;
@@ -16,6 +17,7 @@ use tracing::{info, warn};
 use crate::store::Store;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
+pub use pruner::Pruner;
 pub use scheduler::Scheduler;
 
 /// The lease every replica competes for.
@@ -57,8 +59,16 @@ impl Coordinator {
                     let publisher = EventPublisher::new(self.store.clone()).run(token.clone());
                     let scheduler = Scheduler::new(self.store.clone()).run(token.clone());
                     let cron = CronScheduler::new(self.store.clone()).run(token.clone());
+                    let pruner = self
+                        .store
+                        .finished_jobs_max_age()
+                        .map(|max_age| Pruner::new(self.store.clone(), max_age).run(token.clone()));
                     let services = tokio::spawn(async move {
-                        tokio::join!(publisher, scheduler, cron);
+                        tokio::join!(publisher, scheduler, cron, async {
+                            if let Some(pruner) = pruner {
+                                pruner.await;
+                            }
+                        });
                     });
                     leading = Some((token, services));
                 }

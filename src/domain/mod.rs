@@ -1,4 +1,5 @@
-//! Pure OJS: the envelope, its validation, the state machine, retry math and events.
+//! Pure OJS: the envelope, its validation, the state machine, retry math, events and
+//! retention.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
 pub mod cron;
@@ -10,6 +11,7 @@ pub mod event;
 pub(crate) mod fixtures;
 pub mod job;
 pub mod lifecycle;
+pub mod retention;
 pub mod retry;
 pub mod state;
 pub mod time;

@@ -155,13 +155,24 @@ impl Store {
         let Some(entry) = record.dead_letter else {
             return Err(not_in_queue());
         };
-        match self.inner.dead_letter.direct_get(entry).await {
-            Ok(_) => Ok(DeadLettered {
-                record,
-                revision,
-                entry,
-            }),
-            Err(err) if err.kind() == DirectGetErrorKind::NotFound => Err(not_in_queue()),
+        if !self.dead_letter_entry_exists(entry).await? {
+            return Err(not_in_queue());
+        }
+        Ok(DeadLettered {
+            record,
+            revision,
+            entry,
+        })
+    }
+
+    /// Whether the dead-letter entry at `sequence` is still stored (retention removes them).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn dead_letter_entry_exists(&self, sequence: u64) -> Result<bool, OjsError> {
+        match self.inner.dead_letter.direct_get(sequence).await {
+            Ok(_) => Ok(true),
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(false),
             Err(err) => Err(backend("reading the dead letter queue")(err)),
         }
     }

@@ -8,6 +8,7 @@ mod events;
 mod jobs;
 mod lease;
 mod mirror;
+mod pruner;
 mod puller;
 mod queues;
 mod recent;
@@ -32,6 +33,7 @@ pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
 pub use jobs::{FetchRequest, Settled};
 pub use lease::Lease;
+pub use pruner::{StoredWrite, WriteBody};
 use queues::QueueRegistry;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
@@ -62,6 +64,8 @@ struct Inner {
     topology: Topology,
     jobs: kv::Store,
     leases: kv::Store,
+    /// The pruner's cursor (`pruner.rs`).
+    coordinator: kv::Store,
     workers: kv::Store,
     cron_kv: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
@@ -80,6 +84,7 @@ struct Inner {
     visibility_timeout: Duration,
     /// Default execution timeout of a job.
     execution_timeout: Duration,
+    finished_jobs_max_age: Option<Duration>,
     /// How long a worker may go without a heartbeat before its jobs are taken back.
     heartbeat_timeout: Duration,
     /// Largest job record this store will write.
@@ -155,6 +160,14 @@ impl Store {
             topology.lease_ttl,
         )
         .await?;
+        let coordinator = ensure_bucket(
+            &js,
+            &topology,
+            &topology.coordinator_bucket(),
+            1,
+            Duration::ZERO,
+        )
+        .await?;
         let events = ensure_stream(&js, topology.events_stream_config()).await?;
         ensure_stream(&js, topology.timers_stream_config()).await?;
         let dead_letter = ensure_stream(&js, topology.dead_letter_stream_config()).await?;
@@ -169,6 +182,7 @@ impl Store {
                 topology,
                 jobs,
                 leases,
+                coordinator,
                 workers,
                 cron_kv,
                 cron,
@@ -180,6 +194,8 @@ impl Store {
                 cron_source: format!("ojs://{}/cron", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
                 execution_timeout: Duration::from_millis(cfg.execution_timeout_ms),
+                finished_jobs_max_age: (cfg.finished_jobs_max_age_secs > 0)
+                    .then(|| Duration::from_secs(cfg.finished_jobs_max_age_secs)),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
                 // The configured limit, within what the NATS server accepts in one message
                 // (leaving room for the record's own fields).
@@ -196,6 +212,11 @@ impl Store {
     /// The execution timeout of jobs that set none.
     pub fn execution_timeout(&self) -> Duration {
         self.inner.execution_timeout
+    }
+
+    /// How long finished jobs are kept; `None`: for good.
+    pub fn finished_jobs_max_age(&self) -> Option<Duration> {
+        self.inner.finished_jobs_max_age
     }
 
     /// The largest envelope a job may have, given the NATS server's payload limit.
@@ -239,6 +260,7 @@ impl Store {
             format!("KV_{}", t.queues_bucket()),
             format!("KV_{}", t.workers_bucket()),
             format!("KV_{}", t.cron_bucket()),
+            format!("KV_{}", t.coordinator_bucket()),
             t.events_stream(),
             t.timers_stream(),
             t.dead_letter_stream(),

@@ -47,6 +47,11 @@ impl Topology {
         format!("{}-leases", self.namespace)
     }
 
+    /// Where leader services keep how far they got (the pruner's cursor).
+    pub fn coordinator_bucket(&self) -> String {
+        format!("{}-coordinator", self.namespace)
+    }
+
     pub fn events_stream(&self) -> String {
         format!("{}-events", self.namespace)
     }

@@ -376,6 +376,22 @@ pub fn job_on(queue: &str) -> Value {
     json!({"type": "test.job", "args": [1], "options": {"queue": queue}})
 }
 
+/// Enqueues a job on `queue` that fails once into the dead letter queue; its id.
+pub async fn dead_letter_a_job(app: &TestApp, queue: &str) -> String {
+    let id = app
+        .enqueue(json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}))
+        .await;
+    app.fetch(&[queue], "w").await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/nack",
+            json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
+        )
+        .await;
+    assert_eq!(r.body["state"], "discarded");
+    id
+}
+
 /// The ids of a `jobs` array in a response body, in order.
 pub fn job_ids(jobs: &Value) -> Vec<&str> {
     jobs.as_array()

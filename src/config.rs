@@ -166,7 +166,10 @@ impl Config {
         }
         for (field, value) in [
             ("events_max_age_secs", self.events_max_age_secs),
-            ("finished_jobs_max_age_secs", self.finished_jobs_max_age_secs),
+            (
+                "finished_jobs_max_age_secs",
+                self.finished_jobs_max_age_secs,
+            ),
             ("dead_letter_max_age_secs", self.dead_letter_max_age_secs),
         ] {
             if value > MAX_AGE_LIMIT_SECS {

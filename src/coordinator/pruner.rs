@@ -29,6 +29,16 @@ impl Pruner {
     }
 
     pub async fn run(self, cancel: CancellationToken) {
+        let version = self.store.nats_version();
+        if purges_scan_the_stream(&version) {
+            warn!(
+                nats_version = %version,
+                "this nats-server purges a finished job in time that grows with the jobs \
+                 stream's size; on a large bucket pruning can fall behind and load NATS \
+                 (nats-server 2.10 or newer does not; finished_jobs_max_age_secs = 0 turns \
+                 pruning off)"
+            );
+        }
         // Read from the bucket when leading starts and after a failure; kept in memory between.
         let mut cursor = None;
         while !cancel.is_cancelled() {
@@ -100,5 +110,29 @@ impl Pruner {
                 }
             },
         })
+    }
+}
+
+/// nats-server before 2.10 has no index from subjects to message blocks, so a filtered purge
+/// visits every block of the stream (measured: architecture §3.13).
+fn purges_scan_the_stream(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) < (2, 10),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_servers_before_2_10_scan_the_stream_to_purge() {
+        assert!(purges_scan_the_stream("2.9.10"));
+        assert!(!purges_scan_the_stream("2.10.0"));
+        assert!(!purges_scan_the_stream("2.15.1"));
+        assert!(!purges_scan_the_stream("3.0.0-beta"));
+        assert!(!purges_scan_the_stream("unknown"));
     }
 }

@@ -214,6 +214,11 @@ impl Store {
         self.inner.execution_timeout
     }
 
+    /// The version the NATS server announced, e.g. `2.10.22`.
+    pub fn nats_version(&self) -> String {
+        self.inner.client.server_info().version
+    }
+
     /// How long finished jobs are kept; `None`: for good.
     pub fn finished_jobs_max_age(&self) -> Option<Duration> {
         self.inner.finished_jobs_max_age

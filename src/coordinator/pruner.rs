@@ -64,7 +64,8 @@ impl Pruner {
             None => self.store.pruner_cursor().await?,
         };
         let readable = self.store.prunable_sequences().await?;
-        let from = from.max(*readable.start());
+        // Sequences start at 1; an empty stream reports 0 as its first.
+        let from = from.max(*readable.start()).max(1);
         if from > *readable.end() {
             *cursor = Some(from);
             return Ok(IDLE);

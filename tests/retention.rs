@@ -146,3 +146,52 @@ async fn with_max_age_zero_finished_jobs_are_kept() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(app.job(&id).await["state"], "completed");
 }
+
+/// A finished job is pruned only after its events are stored: while the events stream is
+/// gone (the event publisher cannot publish, so it acknowledges nothing), the job stays.
+#[tokio::test]
+async fn a_job_is_not_pruned_before_its_events_are_stored() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        finished_jobs_max_age_secs: 1,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let events_config = js
+        .get_stream("ojs-events")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    js.delete_stream("ojs-events").await.unwrap();
+
+    let id = app.enqueue(job_on("r-events")).await;
+    app.fetch(&["r-events"], "w").await;
+    app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(
+        app.job(&id).await["state"],
+        "completed",
+        "pruned before its events were stored"
+    );
+
+    js.create_stream(events_config).await.unwrap();
+    eventually(Duration::from_secs(10), "the job pruned", || async {
+        (app.get(&format!("/ojs/v1/jobs/{id}")).await.status == 404).then_some(())
+    })
+    .await;
+    let events = app
+        .get("/ojs/v1/events?types=job.completed&limit=100")
+        .await;
+    assert!(
+        events.body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["data"]["job_id"] == id.as_str()),
+        "{}",
+        events.body
+    );
+}

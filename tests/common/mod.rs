@@ -61,6 +61,8 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(self.dir.path())
+            .arg("--ports_file_dir")
+            .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -69,16 +71,22 @@ impl NatsServer {
         self.serving()
     }
 
-    /// Waits until this server answers on its port as NATS does (an `INFO` line); false
-    /// when it exited first.
+    /// Waits until this server listens on its port, which it announces in its ports file,
+    /// and answers there as NATS does (an `INFO` line); false when it exited first. Another
+    /// test's server on the same port answers too, so the answer alone proves nothing.
     fn serving(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         let child = self.child.as_mut().expect("spawned");
+        let ports_file = format!("_{}.ports", child.id());
         loop {
             if child.try_wait().expect("nats-server status").is_some() {
                 return false;
             }
-            if speaks_nats(self.port) {
+            let listening = std::fs::read_dir(self.dir.path())
+                .expect("the server's directory")
+                .filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(&ports_file));
+            if listening && speaks_nats(self.port) {
                 return true;
             }
             assert!(

@@ -39,14 +39,16 @@ pub async fn run(
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
     let instance = format!("{}-{}", config.service_name, Uuid::now_v7());
+    let metrics = Metrics::new();
     tasks.spawn(
-        Coordinator::new(store.clone(), instance, config.lease_ttl()).run(cancel.child_token()),
+        Coordinator::new(store.clone(), metrics.clone(), instance, config.lease_ttl())
+            .run(cancel.child_token()),
     );
 
     let state = Arc::new(AppState {
         store,
         config,
-        metrics: Metrics::new(),
+        metrics,
         started: Instant::now(),
     });
     let addr = listener

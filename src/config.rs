@@ -9,6 +9,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::failpoint::Failpoints;
+
 /// Every setting, with its default. `config/ojs-jetstream.toml` documents each one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -59,6 +61,15 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     /// Timeout of one NATS request, in milliseconds.
     pub nats_timeout_ms: u64,
+    /// Most queues (each a stream and its consumers) the gateways create; a job for a new
+    /// queue beyond it is refused with 400.
+    pub max_queues: usize,
+    /// Most distinct priorities in use per queue (each a consumer); a job with a new one
+    /// beyond it is refused with 400.
+    pub max_priorities_per_queue: usize,
+    /// Fault-injection points for tests (`name=panic|exit`, comma-separated); empty in
+    /// production. See `failpoint.rs`.
+    pub failpoints: String,
 }
 
 impl Default for Config {
@@ -84,6 +95,9 @@ impl Default for Config {
             dead_letter_max_count: 10_000,
             lease_ttl_ms: 3_000,
             nats_timeout_ms: 5_000,
+            max_queues: 1_000,
+            max_priorities_per_queue: 16,
+            failpoints: String::new(),
         }
     }
 }
@@ -192,7 +206,29 @@ impl Config {
                 return invalid(field, "must be positive");
             }
         }
+        for (field, ms) in [
+            ("visibility_timeout_ms", self.visibility_timeout_ms),
+            ("execution_timeout_ms", self.execution_timeout_ms),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+        ] {
+            if ms > crate::domain::duration::MAX.as_millis() as u64 {
+                return invalid(field, "must be at most 31536000000 (365 days)");
+            }
+        }
+        if self.max_queues == 0 {
+            return invalid("max_queues", "must be positive");
+        }
+        if !(1..=201).contains(&self.max_priorities_per_queue) {
+            return invalid("max_priorities_per_queue", "must be 1 to 201");
+        }
+        if let Err(reason) = Failpoints::parse(&self.failpoints) {
+            return invalid("failpoints", &reason);
+        }
         Ok(())
+    }
+
+    pub fn failpoints(&self) -> Failpoints {
+        Failpoints::parse(&self.failpoints).unwrap_or_default()
     }
 
     pub fn visibility_timeout(&self) -> Duration {

@@ -6,6 +6,7 @@
 //! - [`http`]: the OJS HTTP binding on axum.
 //! - [`coordinator`]: background work led by one replica at a time.
 //! - [`config`]: settings from `config/ojs-jetstream.toml` and `OJS_*` variables.
+//! - [`failpoint`]: named points where fault-injection tests make a gateway fail.
 //! - [`telemetry`]: logging and metrics.
 //! - [`app`]: wiring of all of the above into a running gateway.
 //! - [`client`], [`worker`]: a Rust client and worker for any OJS server over HTTP.
@@ -15,6 +16,7 @@ pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod domain;
+pub mod failpoint;
 pub mod http;
 pub mod store;
 pub mod telemetry;

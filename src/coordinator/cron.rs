@@ -46,6 +46,9 @@ impl CronScheduler {
                     Ok(TickOutcome::Skipped(previous)) => {
                         debug!(cron = %name, %tick, %previous, "tick skipped: previous job still running")
                     }
+                    Ok(TickOutcome::Refused(reason)) => {
+                        warn!(cron = %name, %tick, %reason, "tick skipped: its job was refused")
+                    }
                     Err(err) => {
                         warn!(cron = %name, %tick, error = %err, "firing a cron tick failed; it stays due")
                     }

@@ -5,26 +5,29 @@
 //! unacknowledged until its events are stored and the watch no longer needs it.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use crate::domain::event::{job_events, Event};
 use crate::store::{JobWrite, Store};
+use crate::telemetry::metrics::Metrics;
 
 /// Pause before publishing again what NATS refused.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 pub struct EventPublisher {
     store: Store,
+    metrics: Metrics,
 }
 
 impl EventPublisher {
-    pub fn new(store: Store) -> EventPublisher {
-        EventPublisher { store }
+    pub fn new(store: Store, metrics: Metrics) -> EventPublisher {
+        EventPublisher { store, metrics }
     }
 
     pub async fn run(self, cancel: CancellationToken) {
@@ -56,7 +59,12 @@ impl EventPublisher {
                         }
                         let now = Utc::now();
                         for w in &batch {
-                            watch.observe(&w.id, w.revision, w.record.as_ref(), now);
+                            let observed = catch_unwind(AssertUnwindSafe(|| {
+                                watch.observe(&w.id, w.revision, w.record.as_ref(), now)
+                            }));
+                            if observed.is_err() {
+                                self.skip(w, "the deadline watch failed on it");
+                            }
                         }
                         unacked.extend(batch.into_iter().last().map(JobWrite::into_ack_only));
                     }
@@ -96,11 +104,18 @@ impl EventPublisher {
     /// their order.
     async fn publish(&self, batch: &[JobWrite], cancel: &CancellationToken) -> bool {
         let source = self.store.event_source();
-        let events: Vec<Event> = batch
-            .iter()
-            .filter_map(|w| w.record.as_ref().map(|r| job_events(r, w.revision, source)))
-            .flatten()
-            .collect();
+        let mut events: Vec<Event> = Vec::new();
+        for w in batch {
+            if w.unreadable {
+                self.skip(w, "its record does not read as a job");
+                continue;
+            }
+            let Some(rec) = &w.record else { continue };
+            match catch_unwind(AssertUnwindSafe(|| job_events(rec, w.revision, source))) {
+                Ok(derived) => events.extend(derived),
+                Err(_) => self.skip(w, "deriving its events failed"),
+            }
+        }
         while let Err(err) = self.store.publish_events(&events).await {
             warn!(error = %err, "publishing events failed; retrying");
             tokio::select! {
@@ -109,5 +124,12 @@ impl EventPublisher {
             }
         }
         true
+    }
+
+    /// A write that cannot be processed is logged, counted and passed over: held back, it
+    /// would stop every event after it, and be replayed into every future leader.
+    fn skip(&self, w: &JobWrite, why: &str) {
+        error!(job_id = %w.id, revision = w.revision, why, "skipping a job write the event publisher cannot process");
+        self.metrics.job_write_skipped();
     }
 }

@@ -8,13 +8,17 @@ mod event_publisher;
 mod pruner;
 mod scheduler;
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use tokio::task::{Id, JoinSet};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use pruner::Pruner;
@@ -25,15 +29,22 @@ const LEASE: &str = "coordinator";
 
 pub struct Coordinator {
     store: Store,
+    metrics: Metrics,
     /// Identifies this replica in the lease.
     instance: String,
     lease_ttl: Duration,
 }
 
 impl Coordinator {
-    pub fn new(store: Store, instance: String, lease_ttl: Duration) -> Coordinator {
+    pub fn new(
+        store: Store,
+        metrics: Metrics,
+        instance: String,
+        lease_ttl: Duration,
+    ) -> Coordinator {
         Coordinator {
             store,
+            metrics,
             instance,
             lease_ttl,
         }
@@ -41,65 +52,144 @@ impl Coordinator {
 
     /// Competes for the lease and runs the leader services while holding it; renews every
     /// third of the lease's time-to-live, so one missed renewal does not lose it.
+    ///
+    /// A leader service that ends or panics ends this leadership: the others are stopped,
+    /// the lease is given up at once and this replica stays out of the contest for one lease
+    /// TTL, so another replica takes over (or, alone, this one restarts the services then).
+    /// A leader that kept renewing the lease with a dead service would stop timers, events
+    /// and cron for the whole cluster.
     pub async fn run(self, cancel: CancellationToken) {
         let mut lease = self.store.lease(LEASE, &self.instance);
-        let mut leading: Option<(CancellationToken, JoinHandle<()>)> = None;
+        let mut leading: Option<Leadership> = None;
+        let mut resting_until: Option<Instant> = None;
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => {}
+                (service, reason) = async {
+                    match leading.as_mut() {
+                        Some(l) => l.ended().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    error!(instance = %self.instance, service, %reason,
+                        "a leader service stopped; stepping down so that another replica leads");
+                    self.metrics.leader_service_failed(service);
+                    if let Some(l) = leading.take() {
+                        l.stop(self.lease_ttl / 3).await;
+                    }
+                    lease.release().await;
+                    resting_until = Some(Instant::now() + self.lease_ttl);
+                    continue;
+                }
+            }
+            if resting_until.is_some_and(|until| Instant::now() < until) {
+                continue;
             }
             let holding = lease.try_hold().await;
             match (holding, leading.is_some()) {
                 (true, false) => {
                     info!(instance = %self.instance, "this replica now leads the coordinator");
-                    let token = cancel.child_token();
-                    let publisher = EventPublisher::new(self.store.clone()).run(token.clone());
-                    let scheduler = Scheduler::new(self.store.clone()).run(token.clone());
-                    let cron = CronScheduler::new(self.store.clone()).run(token.clone());
-                    let pruner = self
-                        .store
-                        .finished_jobs_max_age()
-                        .map(|max_age| Pruner::new(self.store.clone(), max_age).run(token.clone()));
-                    let services = tokio::spawn(async move {
-                        tokio::join!(publisher, scheduler, cron, async {
-                            if let Some(pruner) = pruner {
-                                pruner.await;
-                            }
-                        });
-                    });
-                    leading = Some((token, services));
+                    leading = Some(self.lead(&cancel));
                 }
                 (false, true) => {
                     warn!(instance = %self.instance, "lost the coordinator lease; stepping down");
-                    if let Some((token, services)) = leading.take() {
-                        stop_leading(token, services, self.lease_ttl / 3).await;
+                    if let Some(l) = leading.take() {
+                        l.stop(self.lease_ttl / 3).await;
                     }
                 }
                 _ => {}
             }
         }
-        if let Some((token, services)) = leading.take() {
-            stop_leading(token, services, self.lease_ttl / 3).await;
+        if let Some(l) = leading.take() {
+            l.stop(self.lease_ttl / 3).await;
         }
         lease.release().await;
     }
+
+    /// Starts every leader service, each in its own task.
+    fn lead(&self, cancel: &CancellationToken) -> Leadership {
+        let mut l = Leadership::new(cancel);
+        let (store, token) = (&self.store, l.token.clone());
+        l.spawn(
+            "event_publisher",
+            EventPublisher::new(store.clone(), self.metrics.clone()).run(token.clone()),
+        );
+        l.spawn(
+            "scheduler",
+            Scheduler::new(store.clone()).run(token.clone()),
+        );
+        l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
+        if let Some(max_age) = store.finished_jobs_max_age() {
+            l.spawn("pruner", Pruner::new(store.clone(), max_age).run(token));
+        }
+        l
+    }
 }
 
-/// Stops the leader services: cancels them, waits up to `grace`, then aborts what still runs,
-/// so a service stuck in a NATS call cannot go on leading next to a successor. Aborting is
-/// safe: every leader service survives a crash at any await (architecture §3.10).
-async fn stop_leading(token: CancellationToken, mut services: JoinHandle<()>, grace: Duration) {
-    token.cancel();
-    if tokio::time::timeout(grace, &mut services).await.is_err() {
-        warn!(
-            grace_ms = grace.as_millis() as u64,
-            "leader services did not stop in time; aborting them"
-        );
-        services.abort();
-        let _ = services.await;
+/// The leader services of one leadership, watched: each runs in its own task, so one that
+/// ends or panics is noticed at once instead of dying unseen.
+struct Leadership {
+    token: CancellationToken,
+    services: JoinSet<()>,
+    names: HashMap<Id, &'static str>,
+}
+
+impl Leadership {
+    fn new(parent: &CancellationToken) -> Leadership {
+        Leadership {
+            token: parent.child_token(),
+            services: JoinSet::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    fn spawn(&mut self, name: &'static str, service: impl Future<Output = ()> + Send + 'static) {
+        let id = self.services.spawn(service).id();
+        self.names.insert(id, name);
+    }
+
+    /// Waits for the first service to end on its own: its name and why. Services end only
+    /// when cancelled, so any end seen here is a failure.
+    async fn ended(&mut self) -> (&'static str, String) {
+        let Some(joined) = self.services.join_next_with_id().await else {
+            return std::future::pending().await;
+        };
+        let (id, reason) = match joined {
+            Ok((id, ())) => (id, "it returned".to_owned()),
+            Err(err) => (err.id(), failure_reason(err)),
+        };
+        (self.names.get(&id).copied().unwrap_or("unknown"), reason)
+    }
+
+    /// Cancels the services, waits up to `grace`, then aborts what still runs, so a service
+    /// stuck in a NATS call cannot go on leading next to a successor. Aborting is safe: every
+    /// leader service survives a crash at any await (architecture §3.10).
+    async fn stop(mut self, grace: Duration) {
+        self.token.cancel();
+        let all_ended = async { while self.services.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, all_ended).await.is_err() {
+            warn!(
+                grace_ms = grace.as_millis() as u64,
+                "leader services did not stop in time; aborting them"
+            );
+            self.services.abort_all();
+            while self.services.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// A failed service task's panic message, or that it was aborted.
+fn failure_reason(err: tokio::task::JoinError) -> String {
+    match err.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .map_or_else(|| "it panicked".to_owned(), |m| format!("it panicked: {m}")),
+        Err(_) => "it was cancelled".to_owned(),
     }
 }
 
@@ -123,14 +213,14 @@ mod tests {
     async fn a_service_stuck_past_the_grace_is_aborted() {
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = Dropped(dropped.clone());
+        let mut l = Leadership::new(&CancellationToken::new());
         // Ignores its token, like a service waiting on a NATS call that does not answer.
-        let stuck = tokio::spawn(async move {
+        l.spawn("stuck", async move {
             let _guard = guard;
             std::future::pending::<()>().await;
         });
         let started = tokio::time::Instant::now();
-        let stopping = stop_leading(CancellationToken::new(), stuck, Duration::from_millis(50));
-        tokio::time::timeout(Duration::from_secs(2), stopping)
+        tokio::time::timeout(Duration::from_secs(2), l.stop(Duration::from_millis(50)))
             .await
             .expect("step-down does not wait for a stuck service");
         let took = started.elapsed();
@@ -143,17 +233,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_service_that_honours_its_token_stops_without_waiting_for_the_grace() {
-        let token = CancellationToken::new();
-        let watching = token.clone();
         let done = Arc::new(AtomicBool::new(false));
         let finished = done.clone();
-        let service = tokio::spawn(async move {
+        let mut l = Leadership::new(&CancellationToken::new());
+        let watching = l.token.clone();
+        l.spawn("polite", async move {
             watching.cancelled().await;
             finished.store(true, Ordering::SeqCst);
         });
         let started = tokio::time::Instant::now();
-        stop_leading(token, service, Duration::from_secs(5)).await;
+        l.stop(Duration::from_secs(5)).await;
         assert!(done.load(Ordering::SeqCst), "it ran to its end");
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_service_that_panics_or_returns_is_reported_by_name() {
+        let mut l = Leadership::new(&CancellationToken::new());
+        l.spawn("steady", std::future::pending());
+        l.spawn("fragile", async { panic!("overflowed") });
+        let (name, reason) = tokio::time::timeout(Duration::from_secs(2), l.ended())
+            .await
+            .expect("a panic is seen at once");
+        assert_eq!(name, "fragile");
+        assert!(reason.contains("overflowed"), "{reason}");
+        l.spawn("quitter", async {});
+        assert_eq!(l.ended().await.0, "quitter");
+        l.stop(Duration::from_millis(50)).await;
     }
 }

@@ -54,6 +54,7 @@ impl Scheduler {
                     _ = cancel.cancelled() => return,
                     timer = feed.next() => {
                         let Some(timer) = timer else { break };
+                        self.store.failpoint("scheduler.timer_received");
                         seq += 1;
                         heap.push(Reverse((timer.timer.due.timestamp_millis(), seq)));
                         pending.insert(seq, timer);

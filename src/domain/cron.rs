@@ -93,7 +93,9 @@ impl CronSchedule {
                 let step = interval.as_millis() as i64;
                 let since = (after - *anchor).num_milliseconds();
                 let n = if since < 0 { 0 } else { since / step + 1 };
-                Some(*anchor + chrono::Duration::milliseconds(n * step))
+                n.checked_mul(step)
+                    .and_then(|ms| anchor.checked_add_signed(chrono::Duration::milliseconds(ms)))
+                    .filter(|t| *t <= time::LATEST)
             }
             Kind::Calendar(schedule) => {
                 let local = after.with_timezone(&self.tz);
@@ -101,6 +103,7 @@ impl CronSchedule {
                     .after(&local)
                     .take(1000)
                     .map(|t| t.with_timezone(&Utc))
+                    .take_while(|t| *t <= time::LATEST)
                     .find(|t| *t > after && !self.second_of_a_repeated_time(*t))
             }
         }
@@ -391,9 +394,13 @@ pub fn tick_job_id(name: &str, tick: DateTime<Utc>) -> String {
 }
 
 /// Cron spec §2.2: `[a-z0-9][a-z0-9\-\.]*`, at most 255 characters.
+/// A cron entry name: the queue naming rule, at most 255 characters.
+pub fn is_entry_name(name: &str) -> bool {
+    envelope::is_name(name, 255)
+}
+
 fn validate_name(name: &str) -> Result<(), OjsError> {
-    let ok = envelope::is_name(name, 255);
-    if ok {
+    if is_entry_name(name) {
         Ok(())
     } else {
         Err(OjsError::invalid("name", format!("name {name:?} is invalid: use lowercase letters, digits, '-' and '.', starting with a letter or digit.")))

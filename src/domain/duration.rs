@@ -1,16 +1,56 @@
 //! Durations in the forms OJS clients send: ISO 8601 (`PT1S`, `PT0.5S`, `P1DT2H`; retry §4),
 //! Go-style (`1s`, `500ms`, `1h30m`; the core seed's examples) — and their ISO output form.
+//! Every duration a client gives is bounded by [`MAX`].
 
 use std::time::Duration;
 
-/// Parses an ISO 8601 or Go-style duration. `None` when the text is neither.
+use serde_json::Value;
+
+use super::error::OjsError;
+
+/// The longest duration a client may give: timeouts, visibility timeouts, retry intervals,
+/// `@every` and relative times (`+P…`). Bounding them here keeps every deadline and due time
+/// computed from one far inside what time arithmetic and RFC 3339 can hold.
+pub const MAX: Duration = Duration::from_secs(365 * 86_400);
+/// [`MAX`] as error messages and the README write it.
+pub const MAX_TEXT: &str = "P365D (31536000000 ms)";
+
+/// Parses an ISO 8601 or Go-style duration. `None` when the text is neither, or longer than
+/// [`MAX`].
 pub fn parse(text: &str) -> Option<Duration> {
     let t = text.trim();
-    if t.starts_with('P') || t.starts_with('p') {
+    let d = if t.starts_with('P') || t.starts_with('p') {
         parse_iso(&t[1..])
     } else {
         parse_go(t)
-    }
+    };
+    d.filter(|d| *d <= MAX)
+}
+
+/// A whole number of `unit_ms` milliseconds (1 for `*_ms` fields, 1000 for seconds) as a
+/// duration of at most [`MAX`]; `positive` refuses zero.
+///
+/// # Errors
+/// 400 naming `field` and the allowed range.
+pub fn from_number(
+    v: &Value,
+    field: &str,
+    unit_ms: u64,
+    positive: bool,
+) -> Result<Duration, OjsError> {
+    let max = MAX.as_millis() as u64 / unit_ms;
+    v.as_u64()
+        .filter(|n| *n <= max && (*n > 0 || !positive))
+        .map(|n| Duration::from_millis(n * unit_ms))
+        .ok_or_else(|| {
+            let min = u8::from(positive);
+            OjsError::invalid(
+                field,
+                format!(
+                    "{field} must be an integer from {min} to {max} (at most {MAX_TEXT}), got {v}."
+                ),
+            )
+        })
 }
 
 /// `[nW][nD][T[nH][nM][n[.f]S]]` after the leading `P`; months and years are refused because
@@ -167,6 +207,43 @@ mod tests {
         ] {
             assert_eq!(parse(bad), None, "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn nothing_longer_than_a_year_is_accepted() {
+        assert_eq!(parse("P365D"), Some(MAX));
+        assert_eq!(parse("8760h"), Some(MAX));
+        for long in [
+            "P366D",
+            "P20000000D",
+            "P100000000D",
+            "8761h",
+            "P99999999999999999999W",
+        ] {
+            assert_eq!(parse(long), None, "{long}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_bounded_in_their_unit() {
+        let max_ms = serde_json::json!(MAX.as_millis() as u64);
+        assert_eq!(from_number(&max_ms, "t", 1, false).unwrap(), MAX);
+        assert_eq!(
+            from_number(&serde_json::json!(365 * 86_400), "t", 1000, true).unwrap(),
+            MAX
+        );
+        for bad in [
+            serde_json::json!(MAX.as_millis() as u64 + 1),
+            serde_json::json!(u64::MAX),
+            serde_json::json!(-1),
+            serde_json::json!(1.5),
+            serde_json::json!("5"),
+        ] {
+            let e = from_number(&bad, "timeout_ms", 1, false).unwrap_err();
+            assert_eq!(e.details["field"], "timeout_ms");
+        }
+        assert!(from_number(&serde_json::json!(u64::MAX / 1000), "t", 1000, false).is_err());
+        assert!(from_number(&serde_json::json!(0), "t", 1, true).is_err());
     }
 
     #[test]

@@ -58,6 +58,48 @@ const OPTION_KEYS: &[&str] = &[
 pub const MAX_TYPE_LEN: usize = 255;
 pub const MAX_QUEUE_LEN: usize = 128;
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
+/// Payload limits PL-002: `meta` serialized is at most 64 KiB.
+pub const MAX_META_BYTES: usize = 64 * 1024;
+
+/// Deepest nesting of arrays and objects in a request body. A job's record nests what a
+/// client sent a few levels deeper (`{"job":{"errors":[{"details":…}]}}`), and the JSON
+/// reader refuses anything past 128 levels: with this bound every record reads back.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Refuses a value nested deeper than [`MAX_JSON_DEPTH`].
+///
+/// # Errors
+/// 400 `invalid_payload`.
+pub fn check_depth(v: &Value) -> Result<(), OjsError> {
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(m) => Box::new(m.values()),
+            _ => continue,
+        };
+        if depth > MAX_JSON_DEPTH {
+            return Err(OjsError::new(
+                ErrorCode::InvalidPayload,
+                format!("The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels."),
+            ));
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    Ok(())
+}
+
+/// 413 `envelope_too_large` for a field (or the whole job) over its limit, in the detail
+/// shape of payload limits §9.
+pub fn too_large(field: &str, actual: usize, max: usize) -> OjsError {
+    OjsError::new(
+        ErrorCode::EnvelopeTooLarge,
+        format!("{field} is {actual} bytes, over the maximum of {max} bytes."),
+    )
+    .with_detail("field", field)
+    .with_detail("actual_bytes", actual)
+    .with_detail("max_bytes", max)
+}
 
 /// Validates one enqueue request. `new_id` is used when the client sent no `id`.
 ///
@@ -130,6 +172,11 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         }
     }
 
+    let meta_bytes = serde_json::to_vec(&meta).map_or(0, |b| b.len());
+    if meta_bytes > MAX_META_BYTES {
+        return Err(too_large("meta", meta_bytes, MAX_META_BYTES));
+    }
+
     match obj.remove("specversion") {
         None | Some(Value::Null) => {}
         Some(Value::String(v)) if v == SPEC_VERSION || v == "1.0" => {}
@@ -159,55 +206,55 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         Some(v) => parse_priority(v)?,
     };
     let timeout_ms = match (opts.get("timeout_ms"), opts.get("timeout")) {
-        (Some(v), _) => non_negative(v, "timeout_ms")?,
-        (None, Some(v)) => non_negative(v, "timeout")?.saturating_mul(1000),
-        (None, None) => 0,
-    };
+        (Some(v), _) => duration::from_number(v, "timeout_ms", 1, false)?,
+        (None, Some(v)) => duration::from_number(v, "timeout", 1000, false)?,
+        (None, None) => Duration::ZERO,
+    }
+    .as_millis() as u64;
     let visibility_timeout_ms = match (
         opts.get("visibility_timeout_ms"),
         opts.get("visibility_timeout"),
     ) {
-        (Some(v), _) => non_negative(v, "visibility_timeout_ms")?,
-        (None, Some(Value::String(s))) => duration::parse(s)
-            .map(|d| d.as_millis() as u64)
-            .ok_or_else(|| {
-                OjsError::invalid(
-                    "visibility_timeout",
-                    format!("visibility_timeout must be a duration, got {s:?}."),
-                )
-            })?,
-        (None, Some(v)) => non_negative(v, "visibility_timeout")?.saturating_mul(1000),
-        (None, None) => 0,
-    };
+        (Some(v), _) => duration::from_number(v, "visibility_timeout_ms", 1, false)?,
+        (None, Some(Value::String(s))) => duration::parse(s).ok_or_else(|| {
+            OjsError::invalid(
+                "visibility_timeout",
+                format!(
+                    "visibility_timeout must be a duration of at most {}, got {s:?}.",
+                    duration::MAX_TEXT
+                ),
+            )
+        })?,
+        (None, Some(v)) => duration::from_number(v, "visibility_timeout", 1000, false)?,
+        (None, None) => Duration::ZERO,
+    }
+    .as_millis() as u64;
     let scheduled = match (opts.get("scheduled_at"), opts.get("delay_until")) {
-        (Some(v), _) => Some(parse_schedule(v, "scheduled_at", now)?),
-        (None, Some(v)) => Some(parse_schedule(v, "delay_until", now)?),
+        (Some(v), _) => Some(parse_time(v, "scheduled_at", now)?),
+        (None, Some(v)) => Some(parse_time(v, "delay_until", now)?),
         (None, None) => None,
     };
     let expires_at = match opts.get("expires_at") {
         None => None,
-        Some(Value::String(s)) if time::parse(s).is_some() => Some(s.clone()),
-        Some(other) => {
-            return Err(OjsError::invalid(
-                "expires_at",
-                format!("expires_at must be an RFC 3339 timestamp with a zone, got {other}."),
-            ))
-        }
+        Some(v) => Some(parse_time(v, "expires_at", now)?.0),
     };
     let retry = match opts.get("retry").or_else(|| opts.get("retry_policy")) {
         None => RetryPolicy::default(),
         Some(v) => RetryPolicy::from_value(v)?,
     };
-    let unique = match opts.get("unique") {
-        None => None,
-        Some(v @ Value::Object(_)) => Some(v.clone()),
-        Some(other) => return Err(type_error("unique", "an object", other)),
-    };
-    let rate_limit = match opts.get("rate_limit") {
-        None => None,
-        Some(v @ Value::Object(_)) => Some(v.clone()),
-        Some(other) => return Err(type_error("rate_limit", "an object", other)),
-    };
+    // Level 4 features this server does not implement yet: refused rather than accepted and
+    // silently ignored, so a client never believes a job is unique or rate limited.
+    for key in ["unique", "rate_limit"] {
+        if opts.get(key).is_some() {
+            return Err(OjsError::new(
+                ErrorCode::Unsupported,
+                format!(
+                    "options.{key} is not supported by this server yet; the job was not enqueued."
+                ),
+            )
+            .with_detail("field", key));
+        }
+    }
     let tags = match opts.get("tags") {
         None => None,
         Some(Value::Array(a)) => Some(
@@ -250,8 +297,6 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         visibility_timeout_ms: (visibility_timeout_ms > 0).then_some(visibility_timeout_ms),
         tags,
         retry,
-        unique,
-        rate_limit,
         schema,
         scheduled_at: scheduled.map(|(text, _)| text),
         expires_at,
@@ -351,10 +396,17 @@ pub fn is_name(s: &str, max: usize) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
-/// A client-supplied id must be a UUIDv7; it is stored lowercase.
+/// A job id as the HTTP digest §1.1 defines it: a UUIDv7 in lowercase hyphenated form
+/// (`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`). Anything else is
+/// refused before it can become part of a NATS subject.
 pub fn parse_job_id(s: &str) -> Option<String> {
-    let id = Uuid::try_parse(s).ok()?;
-    (id.get_version_num() == 7 && s.len() == 36).then(|| id.hyphenated().to_string())
+    let b = s.as_bytes();
+    let shape = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+        });
+    (shape && b[14] == b'7' && matches!(b[19], b'8' | b'9' | b'a' | b'b')).then(|| s.to_owned())
 }
 
 fn parse_priority(v: &Value) -> Result<i32, OjsError> {
@@ -381,17 +433,9 @@ fn priority_error(v: &Value) -> OjsError {
     )
 }
 
-fn non_negative(v: &Value, field: &str) -> Result<u64, OjsError> {
-    v.as_u64().ok_or_else(|| {
-        OjsError::invalid(
-            field,
-            format!("{field} must be a non-negative integer, got {v}."),
-        )
-    })
-}
-
-/// An absolute RFC 3339 time (kept verbatim) or `+<ISO duration>` relative to `now`.
-fn parse_schedule(
+/// An absolute RFC 3339 time (kept verbatim) or `+<ISO duration>` relative to `now`, the
+/// forms every timestamp option takes (digest §1.4).
+fn parse_time(
     v: &Value,
     field: &str,
     now: DateTime<Utc>,
@@ -399,13 +443,15 @@ fn parse_schedule(
     let bad = || {
         OjsError::invalid(
             field,
-            format!("{field} must be an RFC 3339 timestamp with a zone or +<ISO 8601 duration>, got {v}."),
+            format!(
+                "{field} must be an RFC 3339 timestamp with a zone or +<ISO 8601 duration> of at most {}, got {v}.",
+                duration::MAX_TEXT
+            ),
         )
     };
     let text = v.as_str().ok_or_else(bad)?;
     if let Some(rel) = text.strip_prefix('+') {
-        let d: Duration = duration::parse(rel).ok_or_else(bad)?;
-        let at = now + chrono::Duration::from_std(d).map_err(|_| bad())?;
+        let at = time::add(now, duration::parse(rel).ok_or_else(bad)?);
         return Ok((time::format(at), at));
     }
     let at = time::parse(text).ok_or_else(bad)?;
@@ -528,11 +574,83 @@ mod tests {
     }
 
     #[test]
-    fn client_id_must_be_uuidv7() {
-        let j = ok(json!({"type": "a", "args": [], "id": "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"}));
+    fn client_id_must_be_a_lowercase_uuidv7() {
+        let j = ok(json!({"type": "a", "args": [], "id": "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f"}));
         assert_eq!(j.id, "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f");
-        err(json!({"type": "a", "args": [], "id": "550e8400-e29b-41d4-a716-446655440000"}));
-        err(json!({"type": "a", "args": [], "id": "nope"}));
+        for bad in [
+            "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F",
+            "550e8400-e29b-41d4-a716-446655440000",
+            "019461a8-1a2b-7c3d-4e4f-5a6b7c8d9e0f",
+            "019461a81a2b7c3d8e4f5a6b7c8d9e0f",
+            "{019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f}",
+            "",
+            "nope",
+        ] {
+            assert_eq!(
+                err(json!({"type": "a", "args": [], "id": bad})).details["field"],
+                "id"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_and_times_are_bounded() {
+        for (field, v) in [
+            ("timeout_ms", json!(18_446_744_073_709_551_615u64)),
+            ("timeout_ms", json!(31_536_000_001u64)),
+            ("timeout", json!(31_536_001)),
+            ("visibility_timeout_ms", json!(u64::MAX)),
+            ("visibility_timeout", json!("P366D")),
+            ("scheduled_at", json!("+P100000000D")),
+            ("expires_at", json!("+P20000000D")),
+            ("expires_at", json!("+11532-01-01T00:00:00Z")),
+        ] {
+            let e = err(json!({"type": "a", "args": [], "options": {field: v}}));
+            assert_eq!(e.details["field"], field, "{field} {v}");
+            assert!(e.message.contains("P365D"), "{}", e.message);
+        }
+        let longest = ok(json!({"type": "a", "args": [], "options": {
+            "timeout_ms": 31_536_000_000u64, "scheduled_at": "+P365D", "expires_at": "+P365D"}}));
+        assert_eq!(longest.timeout_ms, Some(31_536_000_000));
+        assert_eq!(
+            longest.scheduled_at.as_deref(),
+            Some("2027-02-12T10:30:00.000Z")
+        );
+        assert_eq!(
+            longest.expires_at.as_deref(),
+            Some("2027-02-12T10:30:00.000Z")
+        );
+        let far = ok(
+            json!({"type": "a", "args": [], "options": {"scheduled_at": "9999-12-31T23:59:59Z"}}),
+        );
+        assert_eq!(far.state, JobState::Scheduled);
+    }
+
+    #[test]
+    fn nesting_and_meta_are_bounded() {
+        let mut deep = json!(1);
+        for _ in 0..MAX_JSON_DEPTH {
+            deep = json!([deep]);
+        }
+        check_depth(&deep).unwrap();
+        let too_deep = json!([deep]);
+        assert_eq!(
+            check_depth(&too_deep).unwrap_err().code,
+            ErrorCode::InvalidPayload
+        );
+        let meta = json!({"blob": "x".repeat(MAX_META_BYTES)});
+        let e = err(json!({"type": "a", "args": [], "meta": meta}));
+        assert_eq!(e.code, ErrorCode::EnvelopeTooLarge);
+        assert_eq!(e.details["field"], "meta");
+        assert_eq!(e.details["max_bytes"], MAX_META_BYTES);
+    }
+
+    #[test]
+    fn unimplemented_level_4_options_are_refused() {
+        for key in ["unique", "rate_limit"] {
+            let e = err(json!({"type": "a", "args": [], "options": {key: {"period": "PT1H"}}}));
+            assert_eq!(e.code, ErrorCode::Unsupported, "{key}");
+        }
     }
 
     #[test]

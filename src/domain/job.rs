@@ -36,10 +36,6 @@ pub struct Job {
     pub tags: Option<Vec<String>>,
     pub retry: RetryPolicy,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unique: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     /// Absolute RFC 3339; a client's absolute value is kept verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,9 +10,19 @@ use serde_json::Value;
 use super::error::{ErrorCode, OjsError};
 use super::job::{Holder, JobError, JobRecord, Transition};
 use super::state::{self, JobState};
+use super::time;
 
 /// Kept entries of `errors[]`; the digest asks for at least 10.
 pub const MAX_ERROR_HISTORY: usize = 50;
+/// Largest `error` a FAIL may report, serialized (message, type, details, backtrace).
+pub const MAX_ERROR_BYTES: usize = 16 * 1024;
+/// Bytes of `errors[]` kept: the oldest entries go first, the newest always stays. Without
+/// it, forty retries with 25 KB backtraces would push the record past what NATS stores.
+pub const MAX_ERROR_HISTORY_BYTES: usize = 32 * 1024;
+/// What a job's record may grow by after PUSH without a client sending more: its latest
+/// error, the error history, the holder and timestamps. PUSH keeps this much room below the
+/// record limit, so no transition the server makes on its own can be refused for size.
+pub const RECORD_HEADROOM: usize = MAX_ERROR_BYTES + MAX_ERROR_HISTORY_BYTES + 4096;
 
 /// A worker's failure report (core §8; HTTP binding §10.3).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,7 +80,7 @@ pub fn claim(
         worker_id: worker_id.map(str::to_owned),
         ack_subject: delivery.ack_subject.clone(),
         sequence: delivery.sequence,
-        visible_until: after(now, visibility),
+        visible_until: time::add(now, visibility),
         last_beat: None,
     });
     next.transition = Transition::Started;
@@ -149,7 +159,7 @@ pub fn fail(
         let delay = policy.delay(job.attempt, jitter_factor);
         job.state = JobState::Retryable;
         job.retry_delay_ms = Some(delay.as_millis() as u64);
-        job.next_attempt_at = Some(now + chrono::Duration::from_std(delay).unwrap_or_default());
+        job.next_attempt_at = Some(time::add(now, delay));
     }
     next.transition = Transition::Failed;
     Ok(next)
@@ -223,7 +233,7 @@ pub fn deadline_of(rec: &JobRecord, default_timeout: Duration) -> Option<DateTim
         .job
         .timeout_ms
         .map_or(default_timeout, Duration::from_millis);
-    let execution = after(rec.job.started_at?, timeout);
+    let execution = time::add(rec.job.started_at?, timeout);
     Some(holder.visible_until.min(execution))
 }
 
@@ -249,7 +259,10 @@ pub fn on_deadline(
         .job
         .timeout_ms
         .map_or(default_timeout, Duration::from_millis);
-    let execution_over = rec.job.started_at.is_some_and(|s| after(s, timeout) <= now);
+    let execution_over = rec
+        .job
+        .started_at
+        .is_some_and(|s| time::add(s, timeout) <= now);
     if execution_over {
         let failure = Failure {
             code: "timeout".into(),
@@ -297,7 +310,7 @@ pub fn heartbeat(
     }
     let mut next = rec.clone();
     let holder = next.holder.as_mut()?;
-    holder.visible_until = after(now, visibility);
+    holder.visible_until = time::add(now, visibility);
     holder.last_beat = Some(now);
     next.transition = Transition::Heartbeat;
     Some(next)
@@ -330,17 +343,23 @@ fn redispatch(mut next: JobRecord) -> JobRecord {
     next
 }
 
-fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    t + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
-/// Sets the latest error and appends it to the bounded history.
+/// Sets the latest error and appends it to the history, bounded by count and by bytes.
 fn record_error(job: &mut super::job::Job, entry: JobError) {
     job.errors.push(entry.clone());
-    if job.errors.len() > MAX_ERROR_HISTORY {
-        let excess = job.errors.len() - MAX_ERROR_HISTORY;
-        job.errors.drain(..excess);
-    }
+    let mut bytes = 0;
+    let kept = job
+        .errors
+        .iter()
+        .rev()
+        .take(MAX_ERROR_HISTORY)
+        .take_while(|e| {
+            bytes += serde_json::to_vec(e).map_or(0, |b| b.len());
+            bytes <= MAX_ERROR_HISTORY_BYTES
+        })
+        .count()
+        .max(1);
+    let excess = job.errors.len() - kept;
+    job.errors.drain(..excess);
     job.error = Some(entry);
 }
 
@@ -526,6 +545,61 @@ mod tests {
         assert_eq!(f.job.errors.len(), 1);
         assert_eq!(f.job.errors[0].attempt, 1);
         assert!(f.job.completed_at.is_none());
+    }
+
+    #[test]
+    fn the_error_history_is_bounded_by_bytes_keeping_the_newest() {
+        let mut rec = active(json!({"retry": {"max_attempts": 100}}), None);
+        let big = Failure {
+            backtrace: Some(json!("x".repeat(MAX_ERROR_BYTES - 512))),
+            ..failure(true)
+        };
+        for n in 0..40 {
+            let failed = fail(&rec, now(), None, &big, true, 1.0).unwrap();
+            let bytes = serde_json::to_vec(&failed.job.errors).unwrap().len();
+            assert!(
+                bytes <= MAX_ERROR_HISTORY_BYTES,
+                "after {n} failures: {bytes}"
+            );
+            assert_eq!(failed.job.errors.last(), failed.job.error.as_ref());
+            rec = claim(
+                &failed,
+                now(),
+                None,
+                &delivery(n + 2),
+                Duration::from_secs(30),
+            )
+            .unwrap();
+        }
+        let small = fail(&rec, now(), None, &failure(true), true, 1.0).unwrap();
+        assert_eq!(small.job.errors.last().unwrap().message, "boom");
+        assert!(
+            small.job.errors.len() >= 2,
+            "room for one big and the new small one"
+        );
+    }
+
+    #[test]
+    fn deadlines_of_the_longest_timeouts_stay_readable() {
+        let a = active(json!({"timeout_ms": 31_536_000_000u64}), None);
+        let due = deadline_of(&a, Duration::from_secs(1800)).unwrap();
+        assert!(due <= time::LATEST);
+        let near_the_end = JobRecord {
+            job: crate::domain::job::Job {
+                started_at: Some(time::LATEST),
+                ..a.job.clone()
+            },
+            ..a.clone()
+        };
+        assert_eq!(
+            deadline_of(&near_the_end, Duration::MAX),
+            Some(a.holder.unwrap().visible_until)
+        );
+        let retry = crate::domain::retry::RetryPolicy::from_value(
+            &json!({"initial_interval": "P365D", "backoff_coefficient": 1e300}),
+        )
+        .unwrap();
+        assert!(retry.delay(50, 1.0) <= crate::domain::duration::MAX);
     }
 
     #[test]

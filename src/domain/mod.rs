@@ -10,6 +10,7 @@ pub mod event;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod job;
+pub mod lanes;
 pub mod lifecycle;
 pub mod retention;
 pub mod retry;

@@ -200,14 +200,19 @@ fn interval(obj: &Map<String, Value>, name: &str) -> Result<Option<Duration>, Oj
             .as_str()
             .and_then(duration::parse)
             .map(Some)
-            .ok_or_else(|| field_error(name, "must be an ISO 8601 duration such as PT1S", v));
+            .ok_or_else(|| {
+                let rule = format!(
+                    "must be an ISO 8601 duration such as PT1S, at most {}",
+                    duration::MAX_TEXT
+                );
+                field_error(name, &rule, v)
+            });
     }
     let ms_key = format!("{name}_ms");
     if let Some(v) = present(obj, &ms_key) {
-        return v
-            .as_u64()
-            .map(|ms| Some(Duration::from_millis(ms)))
-            .ok_or_else(|| field_error(&ms_key, "must be a non-negative integer", v));
+        return duration::from_number(v, &ms_key, 1, false)
+            .map(Some)
+            .map_err(|e| OjsError::unprocessable(&format!("retry.{ms_key}"), e.message));
     }
     Ok(None)
 }

@@ -1,7 +1,26 @@
 //! Timestamps as OJS writes and reads them: RFC 3339, UTC, millisecond precision on output
 //! (HTTP binding §6.3); a zone designator is mandatory on input (core §5.5).
 
+use std::time::Duration;
+
 use chrono::{DateTime, SecondsFormat, Utc};
+
+/// The latest instant this server writes: the end of year 9999. RFC 3339 has four-digit years,
+/// so a later time would be written as `+10000-…` and could never be read back.
+pub const LATEST: DateTime<Utc> = match DateTime::from_timestamp_millis(253_402_300_799_999) {
+    Some(t) => t,
+    None => panic!("year 9999 is representable"),
+};
+
+/// `t + d`, never past [`LATEST`]: time arithmetic that cannot panic or overflow, whatever
+/// the inputs. Client durations are bounded far below this (`duration::MAX`); the clamp is
+/// the backstop that keeps every stored time readable.
+pub fn add(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .map_or(LATEST, |at| at.min(LATEST))
+}
 
 /// Formats a server-generated timestamp: `2026-02-12T10:30:00.123Z`.
 pub fn format(ts: DateTime<Utc>) -> String {
@@ -61,6 +80,19 @@ mod tests {
     fn formats_utc_with_millis() {
         let t = parse("2026-02-12T12:30:00.1234+02:00").unwrap();
         assert_eq!(format(t), "2026-02-12T10:30:00.123Z");
+    }
+
+    #[test]
+    fn adding_never_passes_year_9999() {
+        let t = parse("2026-02-12T10:30:00Z").unwrap();
+        assert_eq!(
+            format(add(t, Duration::from_secs(5))),
+            "2026-02-12T10:30:05.000Z"
+        );
+        assert_eq!(add(t, Duration::MAX), LATEST);
+        assert_eq!(add(LATEST, Duration::from_millis(1)), LATEST);
+        assert_eq!(format(LATEST), "9999-12-31T23:59:59.999Z");
+        assert_eq!(parse(&format(LATEST)), Some(LATEST));
     }
 
     #[test]

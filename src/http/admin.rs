@@ -6,7 +6,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{respond, ApiError, SharedState};
+use super::{respond, truncated, ApiError, SharedState};
+use crate::domain::error::OjsError;
+use crate::domain::worker::is_worker_id;
 use crate::store::WorkerState;
 
 /// Wipes every job, queue, worker and event of this namespace.
@@ -19,7 +21,7 @@ pub async fn worker(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let worker = state.store.worker(&id).await?;
+    let worker = state.store.worker(known_worker(&id)?).await?;
     Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
 }
 
@@ -38,6 +40,15 @@ async fn direct(
     Path(id): Path<String>,
     to: WorkerState,
 ) -> Result<Response, ApiError> {
-    let worker = state.store.direct_worker(&id, to).await?;
+    let worker = state.store.direct_worker(known_worker(&id)?, to).await?;
     Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
+}
+
+/// A path segment that cannot be a worker id names no worker (404); it never becomes a key.
+fn known_worker(id: &str) -> Result<&str, OjsError> {
+    if is_worker_id(id) {
+        Ok(id)
+    } else {
+        Err(OjsError::not_found("worker", &truncated(id)))
+    }
 }

@@ -8,8 +8,9 @@ use chrono::Utc;
 use serde_json::json;
 
 use super::extract::JsonObject;
-use super::{respond, ApiError, SharedState};
-use crate::domain::cron::CronEntry;
+use super::{respond, truncated, ApiError, SharedState};
+use crate::domain::cron::{is_entry_name, CronEntry};
+use crate::domain::error::OjsError;
 
 pub async fn register(
     State(state): State<SharedState>,
@@ -41,7 +42,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = state.store.cron_entry(&name).await?;
+    let entry = state.store.cron_entry(entry_name(&name)?).await?;
     Ok(respond(
         StatusCode::OK,
         &json!({ "cron": entry, "cron_job": entry }),
@@ -52,9 +53,18 @@ pub async fn delete(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = state.store.delete_cron(&name).await?;
+    let entry = state.store.delete_cron(entry_name(&name)?).await?;
     Ok(respond(
         StatusCode::OK,
         &json!({ "cron": entry, "deleted": true, "name": name }),
     ))
+}
+
+/// A path segment that cannot be an entry's name names none (404); it never becomes a key.
+fn entry_name(name: &str) -> Result<&str, OjsError> {
+    if is_entry_name(name) {
+        Ok(name)
+    } else {
+        Err(OjsError::not_found("cron entry", &truncated(name)))
+    }
 }

@@ -14,6 +14,9 @@ use crate::domain::error::OjsError;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
+/// Listing walks at most a few thousand entries (`SCAN_LIMIT` in the store); an offset past
+/// the retention count can only give an empty page.
+const MAX_OFFSET: usize = 1_000_000;
 
 pub async fn list(
     State(state): State<SharedState>,
@@ -35,7 +38,7 @@ pub async fn list(
         }
     };
     let limit = number("limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
-    let offset = number("offset", 0, usize::MAX)?;
+    let offset = number("offset", 0, MAX_OFFSET)?;
     let queue = params.get("queue").map(String::as_str);
     if let Some(q) = queue {
         validate_queue(q)?;
@@ -55,7 +58,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.dead_letter(&job_id(&id)).await?;
+    let job = state.store.dead_letter(&job_id(&id)?).await?;
     Ok(respond(StatusCode::OK, &json!({ "job": job })))
 }
 
@@ -63,7 +66,7 @@ pub async fn retry(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.retry_dead_letter(&job_id(&id)).await?;
+    let job = state.store.retry_dead_letter(&job_id(&id)?).await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["re_enqueued_at"] = body["enqueued_at"].clone();
     Ok(respond(StatusCode::OK, &json!({ "job": body })))
@@ -73,7 +76,7 @@ pub async fn delete(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = job_id(&id);
+    let id = job_id(&id)?;
     state.store.delete_dead_letter(&id).await?;
     Ok(respond(
         StatusCode::OK,

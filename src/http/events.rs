@@ -7,12 +7,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{respond, ApiError, SharedState};
+use super::{respond, truncated, ApiError, SharedState};
+use crate::domain::envelope::validate_type;
 use crate::domain::error::OjsError;
 use crate::store::EventQuery;
 
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
+/// Cursors are stream sequences; nothing larger is ever handed out.
+const MAX_CURSOR: u64 = i64::MAX as u64;
 
 pub async fn list(
     State(state): State<SharedState>,
@@ -32,6 +35,17 @@ pub async fn list(
     };
     let mut types = list("types");
     types.extend(list("event_types"));
+    // A type becomes part of a subject filter: only the event vocabulary's shape is accepted.
+    if let Some(bad) = types.iter().find(|t| validate_type(t).is_err()) {
+        return Err(OjsError::invalid(
+            "types",
+            format!(
+                "types must list event types such as job.completed, got {:?}.",
+                truncated(bad)
+            ),
+        )
+        .into());
+    }
     let limit = match params.get("limit") {
         None => DEFAULT_LIMIT,
         Some(v) => v
@@ -47,12 +61,17 @@ pub async fn list(
     };
     let after = match params.get("after").or_else(|| params.get("cursor")) {
         None => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|_| {
-            OjsError::invalid(
-                "after",
-                format!("after must be a cursor returned by this endpoint, got {v:?}."),
-            )
-        })?),
+        Some(v) => Some(
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= MAX_CURSOR)
+                .ok_or_else(|| {
+                    OjsError::invalid(
+                        "after",
+                        format!("after must be a cursor returned by this endpoint, got {v:?}."),
+                    )
+                })?,
+        ),
     };
     let query = EventQuery {
         types,

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::domain::envelope::check_depth;
 use crate::domain::error::{ErrorCode, OjsError};
 
 /// A request body that is a JSON object (HTTP binding §6.1).
@@ -38,16 +39,18 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             )
             .into());
         }
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(map)) => Ok(JsonObject(map)),
-            Ok(_) => Err(OjsError::new(
-                ErrorCode::InvalidPayload,
-                "The request body must be a JSON object.",
-            )
-            .into()),
-            Err(err) => Err(OjsError::new(
+        let body = serde_json::from_slice::<Value>(&bytes).map_err(|err| {
+            OjsError::new(
                 ErrorCode::InvalidPayload,
                 format!("The request body is not valid JSON: {err}."),
+            )
+        })?;
+        check_depth(&body)?;
+        match body {
+            Value::Object(map) => Ok(JsonObject(map)),
+            _ => Err(OjsError::new(
+                ErrorCode::InvalidPayload,
+                "The request body must be a JSON object.",
             )
             .into()),
         }

@@ -98,7 +98,7 @@ pub async fn info(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.info(&job_id(&id)).await?;
+    let job = state.store.info(&job_id(&id)?).await?;
     Ok(respond(StatusCode::OK, &json!({ "job": job })))
 }
 
@@ -106,7 +106,7 @@ pub async fn cancel(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let settled = state.store.cancel(&job_id(&id)).await?;
+    let settled = state.store.cancel(&job_id(&id)?).await?;
     let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
     job["previous_state"] = json!(settled.before.job.state);
     Ok(respond(StatusCode::OK, &json!({ "job": job })))
@@ -116,7 +116,7 @@ pub async fn activate(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.activate(&job_id(&id)).await?;
+    let job = state.store.activate(&job_id(&id)?).await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["previous_state"] = json!("pending");
     Ok(respond(StatusCode::OK, &json!({ "job": body })))

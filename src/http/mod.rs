@@ -143,6 +143,25 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         ))
         .into_response(),
     };
+    // A rejection by the framework itself (a path or query that does not decode, say) is
+    // plain text: answer it in the OJS error format like every other error.
+    if response.status().is_client_error()
+        && response.extensions().get::<OjsError>().is_none()
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            != Some(OJS_MEDIA_TYPE.as_bytes())
+    {
+        let text = axum::body::to_bytes(std::mem::take(response.body_mut()), 4096)
+            .await
+            .unwrap_or_default();
+        let reason = String::from_utf8_lossy(&text);
+        response.extensions_mut().insert(OjsError::new(
+            ErrorCode::InvalidRequest,
+            format!("The request could not be read: {}", reason.trim()),
+        ));
+    }
     if let Some(err) = response.extensions_mut().remove::<OjsError>() {
         if response.status().is_server_error() {
             error!(request_id = %request_id, %method, route = %route, error = %err, "request failed");
@@ -151,6 +170,10 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         let mut rendered = respond(status, &error::body(&err, Some(&request_id)));
         std::mem::swap(response.body_mut(), rendered.body_mut());
         response.headers_mut().remove(header::CONTENT_LENGTH);
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(OJS_MEDIA_TYPE),
+        );
     }
     let headers = response.headers_mut();
     headers.insert("ojs-version", HeaderValue::from_static("1.0"));
@@ -166,7 +189,17 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
     response
 }
 
-/// Reads a path id as a job id: lowercase on output, anything else is simply not found.
-fn job_id(raw: &str) -> String {
-    crate::domain::envelope::parse_job_id(raw).unwrap_or_else(|| raw.to_owned())
+/// Reads a path id as a job id; anything else names no job (404) and never reaches NATS,
+/// where it would become part of a subject.
+fn job_id(raw: &str) -> Result<String, OjsError> {
+    crate::domain::envelope::parse_job_id(raw)
+        .ok_or_else(|| OjsError::not_found("job", &truncated(raw)))
+}
+
+/// A client's string as error messages quote it: at most 64 characters.
+fn truncated(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
+    }
 }

@@ -8,11 +8,13 @@ use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::extract::JsonObject;
-use super::{respond, ApiError, SharedState};
-use crate::domain::envelope::{parse_job_id, validate_queue};
+use super::{respond, truncated, ApiError, SharedState};
+use crate::domain::duration;
+use crate::domain::envelope::{parse_job_id, too_large, validate_queue};
 use crate::domain::error::OjsError;
-use crate::domain::lifecycle::Failure;
+use crate::domain::lifecycle::{Failure, MAX_ERROR_BYTES};
 use crate::domain::time;
+use crate::domain::worker::validate_worker_id;
 use crate::store::{Beat, FetchRequest, WorkerState};
 
 /// Most jobs one FETCH may claim.
@@ -73,7 +75,7 @@ pub async fn fetch(
     let req = FetchRequest {
         queues,
         count: count as usize,
-        worker_id: optional_string(&body, "worker_id")?,
+        worker_id: optional_worker_id(&body)?,
         visibility,
         wait,
     };
@@ -91,7 +93,7 @@ pub async fn ack(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let id = required_job_id(&body)?;
-    let worker_id = optional_string(&body, "worker_id")?;
+    let worker_id = optional_worker_id(&body)?;
     let result = body.get("result").cloned();
     let settled = state.store.ack(&id, worker_id.as_deref(), result).await?;
     let job = settled.after.job;
@@ -114,7 +116,7 @@ pub async fn fail(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let id = required_job_id(&body)?;
-    let worker_id = optional_string(&body, "worker_id")?;
+    let worker_id = optional_worker_id(&body)?;
     let failure = parse_failure(&body)?;
     let requeue = match body.get("requeue") {
         None | Some(Value::Null) => false,
@@ -158,12 +160,16 @@ pub async fn fail(
 /// The `error` object of a FAIL (core §8): `message` required, `code` defaults to
 /// `handler_error`, `retryable` to true.
 fn parse_failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
-    let Some(Value::Object(e)) = body.get("error") else {
+    let Some(error @ Value::Object(e)) = body.get("error") else {
         return Err(OjsError::invalid(
             "error",
             "Missing required field 'error' (an object with code and message).",
         ));
     };
+    let bytes = serde_json::to_vec(error).map_or(0, |b| b.len());
+    if bytes > MAX_ERROR_BYTES {
+        return Err(too_large("error", bytes, MAX_ERROR_BYTES));
+    }
     let text = |key: &str| -> Result<Option<String>, OjsError> {
         match e.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -209,7 +215,9 @@ fn parse_failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
 
 fn required_job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
     match body.get("job_id") {
-        Some(Value::String(s)) => Ok(parse_job_id(s).unwrap_or_else(|| s.clone())),
+        Some(Value::String(s)) => {
+            parse_job_id(s).ok_or_else(|| OjsError::not_found("job", &truncated(s)))
+        }
         None | Some(Value::Null) => Err(OjsError::invalid(
             "job_id",
             "Missing required field 'job_id'.",
@@ -221,17 +229,11 @@ fn required_job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
     }
 }
 
-/// A positive duration in milliseconds, if given.
+/// A positive duration in milliseconds of at most `duration::MAX`, if given.
 fn optional_millis(body: &Map<String, Value>, key: &str) -> Result<Option<Duration>, OjsError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .filter(|ms| *ms > 0)
-            .map(|ms| Some(Duration::from_millis(ms)))
-            .ok_or_else(|| {
-                OjsError::invalid(key, format!("{key} must be a positive integer, got {v}."))
-            }),
+        Some(v) => duration::from_number(v, key, 1, true).map(Some),
     }
 }
 
@@ -246,13 +248,22 @@ fn optional_string(body: &Map<String, Value>, key: &str) -> Result<Option<String
     }
 }
 
+/// `worker_id`, if given, within the bounds of `validate_worker_id`.
+fn optional_worker_id(body: &Map<String, Value>) -> Result<Option<String>, OjsError> {
+    let id = optional_string(body, "worker_id")?;
+    if let Some(id) = &id {
+        validate_worker_id(id, "worker_id")?;
+    }
+    Ok(id)
+}
+
 /// BEAT (HTTP binding §10.4, worker protocol §4): accepts both request shapes — `active_jobs`
 /// as the id list, or as a count with `active_job_ids` beside it.
 pub async fn heartbeat(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let worker_id = optional_string(&body, "worker_id")?
+    let worker_id = optional_worker_id(&body)?
         .ok_or_else(|| OjsError::invalid("worker_id", "Missing required field 'worker_id'."))?;
     let mut ids = Vec::new();
     for key in ["active_jobs", "active_job_ids"] {
@@ -263,7 +274,8 @@ pub async fn heartbeat(
                     let id = v.as_str().ok_or_else(|| {
                         OjsError::invalid(key, format!("{key} must list job ids as strings."))
                     })?;
-                    ids.push(parse_job_id(id).unwrap_or_else(|| id.to_owned()));
+                    // An id that is no job id cannot name a job this worker holds.
+                    ids.extend(parse_job_id(id));
                 }
             }
             Some(v) => {
@@ -276,7 +288,7 @@ pub async fn heartbeat(
         }
     }
     if let Some(id) = optional_string(&body, "job_id")? {
-        ids.push(parse_job_id(&id).unwrap_or(id));
+        ids.extend(parse_job_id(&id));
     }
     ids.sort();
     ids.dedup();

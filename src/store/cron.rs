@@ -12,7 +12,7 @@ use super::error::backend;
 use super::mirror::Mirror;
 use super::topology::encode_queue;
 use super::Store;
-use crate::domain::cron::{CronEntry, OverlapPolicy};
+use crate::domain::cron::{tick_job_id, CronEntry, OverlapPolicy};
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::event::Event;
@@ -26,6 +26,9 @@ pub enum TickOutcome {
     Skipped(String),
     /// The entry changed or vanished meanwhile; nothing was done.
     Stale,
+    /// PUSH refused the tick's job for good (a limit reached since the entry was
+    /// registered); the tick was skipped with this reason.
+    Refused(String),
 }
 
 pub(super) type CronMirror = Arc<Mirror<CronEntry>>;
@@ -145,12 +148,42 @@ impl Store {
                         Err(err) => return Err(err),
                     }
                 }
-                let job = envelope::parse(entry.job_for_tick(tick), Utc::now(), uuid::Uuid::nil())?;
-                let id = job.id.clone();
-                match self.enqueue(vec![job]).await {
-                    Ok(_) => {}
+                let id = tick_job_id(&entry.name, tick);
+                let enqueued = match envelope::parse(
+                    entry.job_for_tick(tick),
+                    Utc::now(),
+                    uuid::Uuid::nil(),
+                ) {
+                    Ok(job) => self.enqueue(vec![job]).await.map(drop),
+                    Err(err) => Err(err),
+                };
+                match enqueued {
+                    Ok(()) => {}
                     // This tick was fired before (a leader died before advancing the entry).
                     Err(err) if err.code == ErrorCode::Duplicate => {}
+                    // Refused for good (a limit reached since registration): the tick is
+                    // skipped, not retried every second.
+                    Err(err) if !err.code.retryable() => {
+                        self.publish_events(&[cron_event(
+                            &self.inner.cron_source,
+                            &entry,
+                            tick,
+                            "cron.skipped",
+                            json!({
+                                "job_type": job_type, "reason": err.message,
+                            }),
+                        )])
+                        .await?;
+                        return self
+                            .advance_cron(
+                                &key,
+                                entry,
+                                revision,
+                                tick,
+                                TickOutcome::Refused(err.message),
+                            )
+                            .await;
+                    }
                     Err(err) => return Err(err),
                 }
                 self.publish_events(&[cron_event(&self.inner.cron_source, &entry, tick, "cron.triggered", json!({
@@ -160,6 +193,19 @@ impl Store {
                 TickOutcome::Enqueued(id)
             }
         };
+        self.advance_cron(&key, entry, revision, tick, outcome)
+            .await
+    }
+
+    /// Moves the entry past `tick`, by CAS: the last step of a tick.
+    async fn advance_cron(
+        &self,
+        key: &str,
+        entry: CronEntry,
+        revision: u64,
+        tick: DateTime<Utc>,
+        outcome: TickOutcome,
+    ) -> Result<TickOutcome, OjsError> {
         let mut next = entry.clone();
         if let TickOutcome::Enqueued(id) = &outcome {
             next.last_job_id = Some(id.clone());
@@ -167,7 +213,7 @@ impl Store {
             next.last_run_at = Some(tick);
         }
         next.next_run_at = entry.schedule()?.next_after(resume_from(tick, Utc::now()));
-        match self.write_cron(&key, &next, Some(revision)).await? {
+        match self.write_cron(key, &next, Some(revision)).await? {
             Some(_) => Ok(outcome),
             None => Ok(TickOutcome::Stale), // re-registered meanwhile; the new entry rules
         }

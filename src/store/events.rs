@@ -99,7 +99,7 @@ impl Store {
             .create_consumer(pull::Config {
                 deliver_policy: match q.after {
                     Some(seq) => DeliverPolicy::ByStartSequence {
-                        start_sequence: seq + 1,
+                        start_sequence: seq.saturating_add(1),
                     },
                     None => DeliverPolicy::All,
                 },
@@ -174,6 +174,8 @@ pub struct JobWrites {
 pub struct JobWrite {
     pub id: String,
     pub record: Option<JobRecord>,
+    /// A put whose value is no job record (written by something else, or by a newer build).
+    pub unreadable: bool,
     pub revision: u64,
     msg: async_nats::jetstream::Message,
 }
@@ -251,14 +253,11 @@ impl JobWrites {
                         .as_ref()
                         .and_then(|h| h.get("KV-Operation"))
                         .is_none();
-                    let record = if is_put {
-                        serde_json::from_slice(&msg.payload).ok()
-                    } else {
-                        None
-                    };
+                    let record = is_put.then(|| serde_json::from_slice(&msg.payload).ok());
                     Some(JobWrite {
                         id,
-                        record,
+                        unreadable: record.as_ref().is_some_and(Option::is_none),
+                        record: record.flatten(),
                         revision,
                         msg,
                     })

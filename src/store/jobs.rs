@@ -17,6 +17,7 @@ use super::error::{all_stored, backend};
 use super::puller::Puller;
 use super::timers::Timer;
 use super::Store;
+use crate::domain::envelope::too_large;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord, Transition};
 use crate::domain::lifecycle::{self, Delivery, Failure, LapseCause};
@@ -144,19 +145,13 @@ impl Store {
             })
             .collect();
         let mut encoded = Vec::with_capacity(records.len());
+        let max_job = self.max_job_bytes();
         for (index, rec) in records.iter().enumerate() {
             let bytes = rec.to_bytes();
-            if bytes.len() > self.inner.max_record_bytes {
-                return Err(OjsError::new(
-                    ErrorCode::EnvelopeTooLarge,
-                    format!(
-                        "The job at index {index} is {} bytes; the limit is {} bytes.",
-                        bytes.len(),
-                        self.inner.max_record_bytes
-                    ),
-                )
-                .with_detail("index", index)
-                .with_detail("max_bytes", self.inner.max_record_bytes));
+            if bytes.len() > max_job {
+                let mut err = too_large("job", bytes.len(), max_job).with_detail("index", index);
+                err.message = format!("The job at index {index}: {}", err.message);
+                return Err(err);
             }
             encoded.push(bytes);
         }
@@ -167,6 +162,7 @@ impl Store {
             .iter()
             .map(|r| (r.job.queue.as_str(), r.job.priority))
             .collect();
+        self.inner.queues.admit(lanes.iter().copied())?;
         for (queue, priority) in lanes {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
@@ -711,12 +707,17 @@ impl Store {
         rec: &JobRecord,
         revision: u64,
     ) -> Result<Option<u64>, OjsError> {
-        match self
-            .inner
-            .jobs
-            .update(id, rec.to_bytes().into(), revision)
-            .await
-        {
+        let bytes = rec.to_bytes();
+        if bytes.len() > self.inner.max_record_bytes {
+            let mut err = too_large("job", bytes.len(), self.inner.max_record_bytes);
+            err.message = format!(
+                "This would make job {id} {} bytes, over the maximum of {} bytes: send a smaller result or error.",
+                bytes.len(),
+                self.inner.max_record_bytes
+            );
+            return Err(err);
+        }
+        match self.inner.jobs.update(id, bytes.into(), revision).await {
             Ok(rev) => Ok(Some(rev)),
             Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
             Err(err) => Err(OjsError::backend(format!(

@@ -26,6 +26,9 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::lanes::LaneLimits;
+use crate::domain::lifecycle::RECORD_HEADROOM;
+use crate::failpoint::Failpoints;
 
 pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
@@ -91,6 +94,7 @@ struct Inner {
     max_record_bytes: usize,
     /// Cancelled at shutdown: long-polling FETCHes stop waiting.
     stop_waiting: CancellationToken,
+    failpoints: Failpoints,
 }
 
 impl Store {
@@ -172,8 +176,17 @@ impl Store {
         ensure_stream(&js, topology.timers_stream_config()).await?;
         let dead_letter = ensure_stream(&js, topology.dead_letter_stream_config()).await?;
         let server_max = client.server_info().max_payload;
-        let queues =
-            QueueRegistry::start(client.clone(), js.clone(), topology.clone(), queues_kv).await?;
+        let queues = QueueRegistry::start(
+            client.clone(),
+            js.clone(),
+            topology.clone(),
+            queues_kv,
+            LaneLimits {
+                max_queues: cfg.max_queues,
+                max_priorities_per_queue: cfg.max_priorities_per_queue,
+            },
+        )
+        .await?;
         info!(elapsed_ms = started.elapsed().as_millis() as u64, namespace = %topology.namespace, "JetStream topology ready");
         Ok(Store {
             inner: Arc::new(Inner {
@@ -197,10 +210,12 @@ impl Store {
                 finished_jobs_max_age: (cfg.finished_jobs_max_age_secs > 0)
                     .then(|| Duration::from_secs(cfg.finished_jobs_max_age_secs)),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
-                // The configured limit, within what the NATS server accepts in one message
-                // (leaving room for the record's own fields).
-                max_record_bytes: cfg.max_job_bytes.min(server_max.saturating_sub(4096)),
+                // A job of `max_job_bytes` plus the room it may grow by, within what the
+                // NATS server accepts in one message (less its own headers).
+                max_record_bytes: (cfg.max_job_bytes + RECORD_HEADROOM)
+                    .min(server_max.saturating_sub(4096)),
                 stop_waiting: CancellationToken::new(),
+                failpoints: cfg.failpoints(),
             }),
         })
     }
@@ -224,9 +239,15 @@ impl Store {
         self.inner.finished_jobs_max_age
     }
 
-    /// The largest envelope a job may have, given the NATS server's payload limit.
-    pub fn max_record_bytes(&self) -> usize {
-        self.inner.max_record_bytes
+    /// Fails here if the test set the failpoint `name` (`failpoint.rs`).
+    pub fn failpoint(&self, name: &str) {
+        self.inner.failpoints.hit(name);
+    }
+
+    /// The largest job PUSH accepts: the record limit less the room a record may grow by
+    /// after PUSH (`lifecycle::RECORD_HEADROOM`).
+    pub fn max_job_bytes(&self) -> usize {
+        self.inner.max_record_bytes.saturating_sub(RECORD_HEADROOM)
     }
 
     /// Round trip to the NATS server, for health checks.

@@ -17,6 +17,7 @@ use super::mirror::Mirror;
 use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
 use crate::domain::error::OjsError;
+use crate::domain::lanes::{self, LaneLimits};
 use crate::domain::time;
 
 /// A queue's entry in the queues bucket.
@@ -43,6 +44,7 @@ struct Registry {
     /// The queues bucket, keyed by encoded queue name.
     queues: Arc<Mirror<QueueMeta>>,
     pullers: tokio::sync::Mutex<HashMap<(String, i32), Puller>>,
+    limits: LaneLimits,
 }
 
 impl QueueRegistry {
@@ -52,6 +54,7 @@ impl QueueRegistry {
         js: jetstream::Context,
         topology: Topology,
         kv: kv::Store,
+        limits: LaneLimits,
     ) -> Result<QueueRegistry, OjsError> {
         let queues = Mirror::start(&kv, &client, topology.reset_subject()).await?;
         Ok(QueueRegistry {
@@ -61,6 +64,7 @@ impl QueueRegistry {
                 kv,
                 queues,
                 pullers: tokio::sync::Mutex::new(HashMap::new()),
+                limits,
             }),
         })
     }
@@ -98,6 +102,30 @@ impl QueueRegistry {
                 .remember(&key, entry.revision, Some(meta.clone()));
         }
         Ok(meta)
+    }
+
+    /// Refuses lanes that would take the registry past its limits (`lanes::admit`), before
+    /// anything is created. Lanes already known cost one map lookup each. The count is this
+    /// replica's view of the bucket: PUSHes creating queues through several replicas at the
+    /// same instant can pass it by at most their number.
+    ///
+    /// # Errors
+    /// 400 naming the limit.
+    pub fn admit<'a>(
+        &self,
+        lanes: impl Iterator<Item = (&'a str, i32)> + Clone,
+    ) -> Result<(), OjsError> {
+        let mirror = &self.inner.queues;
+        let known = |(queue, priority): (&str, i32)| {
+            mirror
+                .get(&encode_queue(queue))
+                .is_some_and(|m| m.priorities.contains(&priority))
+        };
+        if lanes.clone().all(known) {
+            return Ok(());
+        }
+        let in_use = |queue: &str| mirror.get(&encode_queue(queue)).map(|m| m.priorities);
+        lanes::admit(lanes, in_use, mirror.values().len(), self.inner.limits)
     }
 
     /// Makes sure the queue's stream and the consumer for `priority` exist and that the

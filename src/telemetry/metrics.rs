@@ -4,13 +4,19 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
+/// Cheap to clone: every clone records into the same registry.
+#[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     durations: HistogramVec,
+    /// Leader services that ended or panicked while leading, by service.
+    leader_service_failures: IntCounterVec,
+    /// Job-record writes the event publisher could not read or derive events from.
+    job_writes_skipped: IntCounter,
 }
 
 impl Metrics {
@@ -35,20 +41,53 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(requests.clone()))
-            .expect("unique metric");
-        registry
-            .register(Box::new(durations.clone()))
-            .expect("unique metric");
+        let leader_service_failures = IntCounterVec::new(
+            Opts::new(
+                "ojs_leader_service_failures_total",
+                "Leader services of this replica that stopped or panicked while leading",
+            ),
+            &["service"],
+        )
+        .expect("valid metric");
+        let job_writes_skipped = IntCounter::new(
+            "ojs_job_writes_skipped_total",
+            "Job-record writes the event publisher skipped because it could not process them",
+        )
+        .expect("valid metric");
+        for metric in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(durations.clone()),
+            Box::new(leader_service_failures.clone()),
+            Box::new(job_writes_skipped.clone()),
+        ] {
+            registry.register(metric).expect("unique metric");
+        }
         Metrics {
             registry,
             requests,
             durations,
+            leader_service_failures,
+            job_writes_skipped,
         }
     }
 
+    pub fn leader_service_failed(&self, service: &str) {
+        self.leader_service_failures
+            .with_label_values(&[service])
+            .inc();
+    }
+
+    pub fn job_write_skipped(&self) {
+        self.job_writes_skipped.inc();
+    }
+
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        // Clients choose the method token: only the standard ones become label values, so no
+        // client can create series without bound (routes are bounded by the router).
+        let method = match method {
+            "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => method,
+            _ => "other",
+        };
         self.requests
             .with_label_values(&[method, route, &status.to_string()])
             .inc();

@@ -52,7 +52,8 @@ async fn every_attribute_is_kept_and_system_fields_ignored() {
                 "x_custom": {"nested": true},
                 "options": {"queue": "reports", "priority": 10, "timeout_ms": 60000, "tags": ["x"],
                     "expires_at": "2099-12-31T23:59:59Z", "delay_until": "2020-01-01T00:00:00Z",
-                    "retry": {"max_attempts": 5, "initial_interval": "PT2S"}, "x_option": 1}
+                    "retry": {"max_attempts": 5, "initial_interval": "PT2S"},
+                    "unique": {"keys": ["type"], "period": "PT1H"}, "x_option": 1}
             }),
         )
         .await;
@@ -71,6 +72,7 @@ async fn every_attribute_is_kept_and_system_fields_ignored() {
     assert_eq!(job["scheduled_at"], "2020-01-01T00:00:00Z");
     assert_eq!(job["max_attempts"], 5);
     assert_eq!(job["retry"]["initial_interval"], "PT2S");
+    assert_eq!(job["unique"]["period"], "PT1H");
     assert_eq!(job["options"]["x_option"], 1);
     // INFO returns the same envelope, and is stable.
     let id = job["id"].as_str().unwrap();

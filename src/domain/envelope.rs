@@ -242,18 +242,19 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         None => RetryPolicy::default(),
         Some(v) => RetryPolicy::from_value(v)?,
     };
-    // Level 4 features this server does not implement yet: refused rather than accepted and
-    // silently ignored, so a client never believes a job is unique or rate limited.
-    for key in ["unique", "rate_limit"] {
-        if opts.get(key).is_some() {
-            return Err(OjsError::new(
-                ErrorCode::Unsupported,
-                format!(
-                    "options.{key} is not supported by this server yet; the job was not enqueued."
-                ),
-            )
-            .with_detail("field", key));
-        }
+    // Not enforced yet: `unique` is kept and PUSH warns about it (the core conformance
+    // suite enqueues it and expects 201); a rate limit is refused rather than ignored.
+    let unique = match opts.get("unique") {
+        None => None,
+        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(other) => return Err(type_error("unique", "an object", other)),
+    };
+    if opts.get("rate_limit").is_some() {
+        return Err(OjsError::new(
+            ErrorCode::Unsupported,
+            "options.rate_limit is not supported by this server yet; the job was not enqueued.",
+        )
+        .with_detail("field", "rate_limit"));
     }
     let tags = match opts.get("tags") {
         None => None,
@@ -297,6 +298,7 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         visibility_timeout_ms: (visibility_timeout_ms > 0).then_some(visibility_timeout_ms),
         tags,
         retry,
+        unique,
         schema,
         scheduled_at: scheduled.map(|(text, _)| text),
         expires_at,
@@ -646,11 +648,13 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_level_4_options_are_refused() {
-        for key in ["unique", "rate_limit"] {
-            let e = err(json!({"type": "a", "args": [], "options": {key: {"period": "PT1H"}}}));
-            assert_eq!(e.code, ErrorCode::Unsupported, "{key}");
-        }
+    fn rate_limits_are_refused_and_unique_policies_kept() {
+        let e =
+            err(json!({"type": "a", "args": [], "options": {"rate_limit": {"max_per_second": 1}}}));
+        assert_eq!(e.code, ErrorCode::Unsupported);
+        let j = ok(json!({"type": "a", "args": [], "options": {"unique": {"period": "PT1H"}}}));
+        assert_eq!(j.unique, Some(json!({"period": "PT1H"})));
+        err(json!({"type": "a", "args": [], "options": {"unique": "yes"}}));
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<Vec<String>>,
     pub retry: RetryPolicy,
+    /// Stored and echoed, not enforced yet: PUSH answers with a warning saying so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     /// Absolute RFC 3339; a client's absolute value is kept verbatim.

@@ -23,7 +23,9 @@ pub async fn enqueue(
     let job = envelope::parse(Value::Object(body), Utc::now(), Uuid::now_v7())?;
     let job = state.store.enqueue(vec![job]).await?.remove(0);
     let location = format!("/ojs/v1/jobs/{}", job.id);
-    let mut response = respond(StatusCode::CREATED, &json!({ "job": job }));
+    let mut body = json!({ "job": job });
+    with_warnings(&mut body, std::slice::from_ref(&job));
+    let mut response = respond(StatusCode::CREATED, &body);
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -82,11 +84,21 @@ pub async fn enqueue_batch(
         .into());
     }
     let jobs = state.store.enqueue(jobs).await?;
-    let count = jobs.len();
-    Ok(respond(
-        StatusCode::CREATED,
-        &json!({ "jobs": jobs, "count": count }),
-    ))
+    let mut body = json!({ "jobs": jobs, "count": jobs.len() });
+    with_warnings(&mut body, &jobs);
+    Ok(respond(StatusCode::CREATED, &body))
+}
+
+/// Adds `warnings` for what the jobs ask for that this server does not do yet, so that no
+/// option is ignored silently.
+fn with_warnings(body: &mut Value, jobs: &[Job]) {
+    if jobs.iter().any(|j| j.unique.is_some()) {
+        body["warnings"] = json!([{
+            "code": "unsupported",
+            "field": "options.unique",
+            "message": "Unique-job policies are stored but not enforced by this server yet: duplicates are not prevented.",
+        }]);
+    }
 }
 
 fn first_repeated_id(jobs: &[Job]) -> Option<usize> {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{spawn_app_with, test_config, NatsServer, TestApp};
 use futures::StreamExt;
 use ojs_jetstream::config::Config;
+use ojs_jetstream::domain::envelope;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -101,57 +102,48 @@ fn any_value(rng: &mut StdRng, depth: u32) -> Value {
     }
 }
 
-const FIELDS: &[&str] = &[
-    "type",
-    "args",
-    "id",
-    "queue",
-    "priority",
-    "timeout",
-    "timeout_ms",
-    "scheduled_at",
-    "delay_until",
-    "expires_at",
-    "retry",
-    "visibility_timeout",
-    "visibility_timeout_ms",
-    "tags",
-    "pending",
-    "meta",
-    "options",
-    "unique",
-    "rate_limit",
-    "queues",
-    "count",
-    "wait_ms",
-    "worker_id",
-    "job_id",
-    "result",
-    "error",
-    "requeue",
-    "active_jobs",
-    "active_job_ids",
-    "state",
-    "name",
-    "expression",
-    "timezone",
-    "job_template",
-    "overlap_policy",
-    "jobs",
-    "initial_interval",
-    "max_interval",
-    "max_attempts",
-    "on_exhaustion",
-    "backtrace",
-];
+/// Every option key, and the fields of the worker, cron and batch requests.
+fn field(rng: &mut StdRng) -> &'static str {
+    const OTHERS: &[&str] = &[
+        "type",
+        "args",
+        "id",
+        "meta",
+        "options",
+        "queues",
+        "count",
+        "wait_ms",
+        "worker_id",
+        "job_id",
+        "result",
+        "error",
+        "requeue",
+        "active_jobs",
+        "active_job_ids",
+        "state",
+        "name",
+        "expression",
+        "timezone",
+        "job_template",
+        "overlap_policy",
+        "jobs",
+        "initial_interval",
+        "max_interval",
+        "max_attempts",
+        "on_exhaustion",
+        "backtrace",
+    ];
+    let known = envelope::OPTION_KEYS.len();
+    let n = rng.random_range(0..known + OTHERS.len());
+    envelope::OPTION_KEYS
+        .get(n)
+        .unwrap_or_else(|| &OTHERS[n - known])
+}
 
 fn object(rng: &mut StdRng, depth: u32) -> Value {
     let mut m = serde_json::Map::new();
     for _ in 0..rng.random_range(0..6) {
-        m.insert(
-            (*FIELDS.choose(rng).unwrap()).to_owned(),
-            any_value(rng, depth),
-        );
+        m.insert(field(rng).to_owned(), any_value(rng, depth));
     }
     Value::Object(m)
 }
@@ -161,7 +153,7 @@ fn job(rng: &mut StdRng, ids: &[String]) -> Value {
     let mut j = json!({"type": "fuzz.job", "args": [rng.random_range(0..9)],
         "options": {"queue": format!("fz{}", rng.random_range(0..60))}});
     if rng.random_bool(0.7) {
-        let field = *FIELDS.choose(rng).unwrap();
+        let field = field(rng);
         let v = any_value(rng, 0);
         if rng.random_bool(0.5) {
             j["options"][field] = v;

@@ -373,15 +373,7 @@ async fn smaller_inputs_get_ojs_errors_instead_of_500s_or_silence() {
             .await
             .unwrap();
     }
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(!metrics.contains("FOO"), "{metrics}");
     assert!(metrics.contains("method=\"other\""), "{metrics}");
 }
@@ -403,15 +395,7 @@ async fn a_leader_service_that_dies_hands_the_lead_to_another_replica() {
         took < Duration::from_millis(2200),
         "fired {took:?} after scheduling (due at 2 s)"
     );
-    let metrics = doomed
-        .http
-        .get(doomed.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = doomed.metrics().await;
     assert!(
         metrics.contains("ojs_leader_service_failures_total{service=\"scheduler\"} 1"),
         "{metrics}"

@@ -45,15 +45,7 @@ async fn manifest_claims_level_two_and_metrics_count_requests() {
     assert_eq!(r.body["capabilities"]["dead_letter"], true);
     assert_eq!(r.body["capabilities"]["batch_enqueue"], true);
     app.get("/ojs/v1/health").await;
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     assert!(
         text.contains(
             r#"ojs_http_requests_total{method="GET",route="/ojs/v1/health",status="200"}"#

@@ -37,7 +37,7 @@ const SYSTEM_FIELDS: &[&str] = &[
 ];
 
 /// Option keys that may also stand at the top level (digest §2.1).
-const OPTION_KEYS: &[&str] = &[
+pub const OPTION_KEYS: &[&str] = &[
     "queue",
     "priority",
     "timeout",

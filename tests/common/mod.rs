@@ -271,6 +271,12 @@ impl TestApp {
         Self::reply(self.http.delete(self.url(path)).send().await.unwrap()).await
     }
 
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let resp = self.http.get(self.url("/metrics")).send().await.unwrap();
+        resp.text().await.unwrap()
+    }
+
     /// Enqueues a job and returns its id, asserting 201.
     pub async fn enqueue(&self, job: Value) -> String {
         let r = self.post("/ojs/v1/jobs", job).await;

@@ -126,8 +126,7 @@ impl Store {
         }
         let record = self.record_beat(beat).await?;
         reply.state = directive.max(record.directive);
-        let due = Utc::now()
-            + chrono::Duration::from_std(self.inner.heartbeat_timeout).unwrap_or_default();
+        let due = time::add(Utc::now(), self.inner.heartbeat_timeout);
         let timer = Timer {
             id: beat.worker_id.clone(),
             kind: TimerKind::Worker,

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     Unsupported,
     /// The request body is larger than the configured limit.
     EnvelopeTooLarge,
+    /// A bound on pending work is reached (backpressure spec §7): too many pending timers.
+    QueueFull,
     /// NATS failed or timed out; retrying may succeed.
     BackendError,
     /// NATS is unreachable.
@@ -35,15 +37,16 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::EnvelopeTooLarge => "envelope_too_large",
+            ErrorCode::QueueFull => "queue_full",
             ErrorCode::BackendError | ErrorCode::BackendUnavailable => "backend_error",
         }
     }
 
-    /// Only backend failures are worth retrying unchanged.
+    /// Only backend failures and backpressure are worth retrying unchanged.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::BackendError | ErrorCode::BackendUnavailable
+            ErrorCode::BackendError | ErrorCode::BackendUnavailable | ErrorCode::QueueFull
         )
     }
 
@@ -58,6 +61,9 @@ impl ErrorCode {
             ErrorCode::Conflict => "Read the job's current state before retrying the operation.",
             ErrorCode::Unsupported => "Use OJS-Version 1.0.",
             ErrorCode::EnvelopeTooLarge => "Send a smaller body, or store large data elsewhere.",
+            ErrorCode::QueueFull => {
+                "Retry after the Retry-After delay with backoff; scheduled jobs are admitted again as pending ones come due."
+            }
             ErrorCode::BackendError | ErrorCode::BackendUnavailable => {
                 "The job store failed; retry with backoff."
             }

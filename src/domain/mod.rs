@@ -9,6 +9,7 @@ pub mod error;
 pub mod event;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod horizon;
 pub mod job;
 pub mod lanes;
 pub mod lifecycle;

@@ -27,6 +27,7 @@ pub fn status(e: &OjsError) -> StatusCode {
         ErrorCode::Duplicate | ErrorCode::Conflict => StatusCode::CONFLICT,
         ErrorCode::Unsupported => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::EnvelopeTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::BackendError => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
@@ -55,6 +56,13 @@ pub fn body(e: &OjsError, request_id: Option<&str>) -> Value {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = respond(status(&self.0), &body(&self.0, None));
+        if self.0.code == ErrorCode::QueueFull {
+            // Required with every 429 (errors spec §5.1); the timer count is re-read each second.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         // The middleware re-renders the body with the request id, and logs server errors.
         response.extensions_mut().insert(self.0);
         response

@@ -1,0 +1,128 @@
+//! Where a pending timer lives (architecture §3.5): in the leader's memory when it comes due
+//! within the horizon, otherwise back in JetStream until shortly before it does; and how
+//! many timers clients may have pending. Pure: the caller passes the clock.
+
+use std::time::Duration;
+
+use super::error::{ErrorCode, OjsError};
+
+/// What the leader does with a timer delivered to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Due now or earlier.
+    Fire,
+    /// Due within the horizon: keep it in memory until then.
+    Hold,
+    /// Due beyond the horizon: hand it back (NAK) to be delivered again after this delay,
+    /// which lands half a horizon before it is due.
+    HandBack(Duration),
+}
+
+/// The placement of a timer due at `due_ms` (Unix ms) at `now_ms`, for a horizon of
+/// `horizon_ms`. A timer handed back comes back half a horizon early, so a redelivery up to
+/// that late still finds it held in time, and one early (the leader's clock behind the
+/// server's has no effect: the delay is relative) is handed back again, for less.
+pub fn place(due_ms: i64, now_ms: i64, horizon_ms: u64) -> Placement {
+    let until = i128::from(due_ms) - i128::from(now_ms);
+    if until <= 0 {
+        return Placement::Fire;
+    }
+    let horizon = i128::from(horizon_ms);
+    if until <= horizon {
+        return Placement::Hold;
+    }
+    let delay = until - horizon / 2;
+    Placement::HandBack(Duration::from_millis(
+        u64::try_from(delay).unwrap_or(u64::MAX),
+    ))
+}
+
+/// Admits `adding` client timers (promote and expire timers of a PUSH) when `pending` timers
+/// are in the stream: the total must stay within `max_pending`.
+///
+/// # Errors
+/// 429 `queue_full` (retryable) otherwise; nothing of the request may be written then.
+pub fn admit(pending: u64, adding: u64, max_pending: u64) -> Result<(), OjsError> {
+    if adding == 0 || pending.saturating_add(adding) <= max_pending {
+        return Ok(());
+    }
+    Err(OjsError::new(
+        ErrorCode::QueueFull,
+        format!(
+            "Too many pending timers: {pending} scheduled, retrying or expiring jobs are waiting and this request adds {adding}, past the limit of {max_pending} (max_pending_timers)."
+        ),
+    )
+    .with_detail("pending_timers", pending)
+    .with_detail("adding", adding)
+    .with_detail("max_pending_timers", max_pending))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    #[test]
+    fn due_timers_fire() {
+        assert_eq!(place(1_000, 1_000, MIN), Placement::Fire);
+        assert_eq!(place(999, 1_000, MIN), Placement::Fire);
+        assert_eq!(place(i64::MIN, i64::MAX, MIN), Placement::Fire);
+    }
+
+    #[test]
+    fn timers_within_the_horizon_are_held_up_to_its_edge() {
+        assert_eq!(place(1_001, 1_000, MIN), Placement::Hold);
+        assert_eq!(place(1_000 + 60_000, 1_000, MIN), Placement::Hold);
+    }
+
+    #[test]
+    fn later_timers_come_back_half_a_horizon_early() {
+        assert_eq!(
+            place(1_000 + 60_001, 1_000, MIN),
+            Placement::HandBack(Duration::from_millis(30_001))
+        );
+        let day = 86_400_000;
+        assert_eq!(
+            place(day, 0, MIN),
+            Placement::HandBack(Duration::from_millis(day as u64 - 30_000))
+        );
+    }
+
+    #[test]
+    fn a_handed_back_timer_is_held_when_it_comes_back_on_time_or_up_to_half_a_horizon_late() {
+        let (due, now) = (10_000_000, 0);
+        let Placement::HandBack(delay) = place(due, now, MIN) else {
+            panic!("far timers are handed back")
+        };
+        let back = now + delay.as_millis() as i64;
+        assert_eq!(place(due, back, MIN), Placement::Hold);
+        assert_eq!(place(due, back + 29_999, MIN), Placement::Hold);
+        // Early (a clock behind): handed back again, for less.
+        let Placement::HandBack(again) = place(due, back - 40_000, MIN) else {
+            panic!("still beyond the horizon")
+        };
+        assert!(again < delay);
+    }
+
+    #[test]
+    fn extreme_due_times_do_not_overflow() {
+        assert!(matches!(
+            place(i64::MAX, i64::MIN, MIN),
+            Placement::HandBack(_)
+        ));
+        assert!(matches!(place(i64::MAX, 0, 1), Placement::HandBack(_)));
+    }
+
+    #[test]
+    fn client_timers_are_admitted_up_to_the_cap() {
+        assert!(admit(0, 0, 0).is_ok());
+        assert!(admit(99, 1, 100).is_ok());
+        assert!(admit(100, 0, 100).is_ok());
+        let err = admit(100, 1, 100).unwrap_err();
+        assert_eq!(err.code, ErrorCode::QueueFull);
+        assert!(err.code.retryable());
+        assert_eq!(err.details["max_pending_timers"], 100);
+        assert!(admit(u64::MAX, 1, 10).is_err(), "no overflow");
+    }
+}

@@ -67,6 +67,14 @@ pub struct Config {
     /// Most distinct priorities in use per queue (each a consumer); a job with a new one
     /// beyond it is refused with 400.
     pub max_priorities_per_queue: usize,
+    /// The leader holds in memory only timers due within this many milliseconds; later ones
+    /// are handed back to JetStream with a NAK delay (architecture §3.5). 100 to 3,600,000.
+    pub timer_horizon_ms: u64,
+    /// Most pending timers (scheduled, retrying, expiring jobs; deadline and worker timers
+    /// included) at which PUSH still admits jobs needing a timer; beyond it 429 `queue_full`.
+    /// At most 9,000,000, so system timers keep 1,000,000 below the scheduler consumer's
+    /// `max_ack_pending`.
+    pub max_pending_timers: u64,
     /// Fault-injection points for tests (`name=panic|exit`, comma-separated); empty in
     /// production. See `failpoint.rs`.
     pub failpoints: String,
@@ -97,6 +105,8 @@ impl Default for Config {
             nats_timeout_ms: 5_000,
             max_queues: 1_000,
             max_priorities_per_queue: 16,
+            timer_horizon_ms: 60_000,
+            max_pending_timers: 5_000_000,
             failpoints: String::new(),
         }
     }
@@ -104,6 +114,10 @@ impl Default for Config {
 
 /// Longest retention accepted: 100 years, far inside what NATS and the clock arithmetic hold.
 const MAX_AGE_LIMIT_SECS: u64 = 100 * 365 * 86_400;
+
+/// Highest `max_pending_timers`: 1,000,000 below the scheduler consumer's `max_ack_pending`
+/// (`store::timers`), the headroom of the timers PUSH does not set (retry, deadline, worker).
+pub const MAX_PENDING_TIMERS_LIMIT: u64 = 9_000_000;
 
 /// A setting that cannot work.
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +235,15 @@ impl Config {
         if !(1..=201).contains(&self.max_priorities_per_queue) {
             return invalid("max_priorities_per_queue", "must be 1 to 201");
         }
+        if !(100..=3_600_000).contains(&self.timer_horizon_ms) {
+            return invalid("timer_horizon_ms", "must be 100 to 3600000 (one hour)");
+        }
+        if !(1..=MAX_PENDING_TIMERS_LIMIT).contains(&self.max_pending_timers) {
+            return invalid(
+                "max_pending_timers",
+                "must be 1 to 9000000, below the scheduler's 10000000 max_ack_pending",
+            );
+        }
         if let Err(reason) = Failpoints::parse(&self.failpoints) {
             return invalid("failpoints", &reason);
         }
@@ -273,6 +296,30 @@ mod tests {
             },
             Config {
                 dead_letter_max_age_secs: 0,
+                ..Config::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timer_settings_are_bounded() {
+        for bad in [
+            Config {
+                timer_horizon_ms: 99,
+                ..Config::default()
+            },
+            Config {
+                timer_horizon_ms: 3_600_001,
+                ..Config::default()
+            },
+            Config {
+                max_pending_timers: 0,
+                ..Config::default()
+            },
+            Config {
+                max_pending_timers: MAX_PENDING_TIMERS_LIMIT + 1,
                 ..Config::default()
             },
         ] {

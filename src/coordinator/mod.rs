@@ -119,7 +119,7 @@ impl Coordinator {
         );
         l.spawn(
             "scheduler",
-            Scheduler::new(store.clone()).run(token.clone()),
+            Scheduler::new(store.clone(), self.metrics.clone()).run(token.clone()),
         );
         l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
         if let Some(max_age) = store.finished_jobs_max_age() {

@@ -131,7 +131,8 @@ impl Store {
     ///
     /// # Errors
     /// 409 `duplicate` when an id exists (nothing of the batch stays), 413 for an envelope
-    /// over the server's payload limit, `backend_error` when NATS fails.
+    /// over the server's payload limit, 429 `queue_full` when its timers would pass
+    /// `max_pending_timers`, `backend_error` when NATS fails.
     pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Vec<Job>, OjsError> {
         let now = Utc::now();
         let records: Vec<JobRecord> = jobs
@@ -163,6 +164,22 @@ impl Store {
             .map(|r| (r.job.queue.as_str(), r.job.priority))
             .collect();
         self.inner.queues.admit(lanes.iter().copied())?;
+        // The batch's promote and expire timers, within `max_pending_timers` (before any
+        // write: a refused PUSH leaves nothing behind).
+        let timers = records
+            .iter()
+            .map(|rec| {
+                let promote = rec.dispatch == 0 && lifecycle::due_at(rec).is_some();
+                let expire = rec
+                    .job
+                    .expires_at
+                    .as_deref()
+                    .and_then(crate::domain::time::parse)
+                    .is_some();
+                u64::from(promote) + u64::from(expire)
+            })
+            .sum();
+        self.admit_timers(timers).await?;
         for (queue, priority) in lanes {
             self.inner.queues.ensure(queue, priority, now).await?;
         }

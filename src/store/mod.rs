@@ -92,6 +92,11 @@ struct Inner {
     heartbeat_timeout: Duration,
     /// Largest job record this store will write.
     max_record_bytes: usize,
+    /// The scheduler's horizon (`timer_horizon_ms`).
+    timer_horizon_ms: u64,
+    /// PUSH's cap on pending timers, and the count it is checked against.
+    max_pending_timers: u64,
+    timer_count: timers::TimerCount,
     /// Cancelled at shutdown: long-polling FETCHes stop waiting.
     stop_waiting: CancellationToken,
     failpoints: Failpoints,
@@ -214,6 +219,9 @@ impl Store {
                 // NATS server accepts in one message (less its own headers).
                 max_record_bytes: (cfg.max_job_bytes + RECORD_HEADROOM)
                     .min(server_max.saturating_sub(4096)),
+                timer_horizon_ms: cfg.timer_horizon_ms,
+                max_pending_timers: cfg.max_pending_timers,
+                timer_count: timers::TimerCount::default(),
                 stop_waiting: CancellationToken::new(),
                 failpoints: cfg.failpoints(),
             }),

@@ -1,15 +1,17 @@
 //! Durable timers: "look at this job (or worker) at T". Each timer is a message in the
-//! timers stream; the coordinator leader reads all of them into memory, fires each when due
-//! and only then acknowledges it. A new leader starts the feed over and sees every timer that
-//! was not fired, so no timer is lost when a leader dies. Firing always re-reads the record
-//! and decides from it, so a spare, early or stale timer does nothing.
+//! timers stream; the coordinator leader holds those due within its horizon in memory, hands
+//! later ones back to JetStream with a NAK delay, fires each when due and only then
+//! acknowledges it. A new leader starts the feed over and sees every timer that was not
+//! fired, so no timer is lost when a leader dies. Firing always re-reads the record and
+//! decides from it, so a spare, early or stale timer does nothing.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::AckKind;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
@@ -19,6 +21,7 @@ use tracing::warn;
 use super::error::{all_stored, backend};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::horizon;
 use crate::domain::job::JobRecord;
 use crate::domain::lifecycle::{self, Deadline};
 use crate::domain::time;
@@ -99,8 +102,29 @@ pub struct TimerFeed {
 /// +122 MB against +39 MB with 100,000 timers pending, `bench --scenarios timers`).
 pub struct PendingTimer {
     pub timer: Timer,
+    /// The timer's sequence in the timers stream: the same on every redelivery.
+    pub sequence: u64,
     ack_subject: String,
 }
+
+impl PendingTimer {
+    /// Takes over a redelivery's reply subject: only the latest delivery's ack settles the
+    /// message.
+    pub fn redelivered(&mut self, again: PendingTimer) {
+        self.ack_subject = again.ack_subject;
+    }
+}
+
+/// The scheduler consumer's bound on unacknowledged timers; `max_pending_timers` stays
+/// below it (`config::MAX_PENDING_TIMERS_LIMIT`).
+pub const MAX_ACK_PENDING: i64 = 10_000_000;
+
+/// How long a timer count read from the stream is used for PUSH's cap check.
+const TIMER_COUNT_TTL: Duration = Duration::from_secs(1);
+
+/// The timers stream's message count, as last read.
+#[derive(Default)]
+pub(super) struct TimerCount(Mutex<Option<(Instant, u64)>>);
 
 impl Store {
     /// Publishes a timer. Callers await its acknowledgement before the write that needs it,
@@ -152,7 +176,7 @@ impl Store {
                 deliver_policy: DeliverPolicy::All,
                 // Held until fired; a new leader recreates the consumer instead of waiting.
                 ack_wait: Duration::from_secs(24 * 3600),
-                max_ack_pending: 10_000_000,
+                max_ack_pending: MAX_ACK_PENDING,
                 num_replicas: t.replicas,
                 ..Default::default()
             })
@@ -246,10 +270,14 @@ impl TimerFeed {
             let Some(reply) = msg.reply.as_ref() else {
                 continue;
             };
+            let Ok(sequence) = msg.info().map(|info| info.stream_sequence) else {
+                continue;
+            };
             match serde_json::from_slice::<Timer>(&msg.payload) {
                 Ok(timer) => {
                     return Some(PendingTimer {
                         timer,
+                        sequence,
                         ack_subject: reply.to_string(),
                     })
                 }
@@ -269,5 +297,56 @@ impl Store {
         if let Err(err) = client.publish(timer.ack_subject, Bytes::new()).await {
             warn!(error = %err, "could not acknowledge a fired timer");
         }
+    }
+
+    /// Hands a timer back to JetStream, to be delivered again after `delay` (a NAK with a
+    /// delay, confirmed by the server).
+    ///
+    /// # Errors
+    /// When the server does not confirm it; the caller keeps the timer then.
+    pub async fn hand_back(&self, timer: &PendingTimer, delay: Duration) -> Result<(), OjsError> {
+        self.inner
+            .js
+            .client()
+            .request(
+                timer.ack_subject.clone(),
+                Bytes::from(AckKind::Nak(Some(delay))),
+            )
+            .await
+            .map(drop)
+            .map_err(backend("handing a timer back"))
+    }
+
+    /// How many timers the leader may hold in memory ahead of their due time, in ms.
+    pub fn timer_horizon_ms(&self) -> u64 {
+        self.inner.timer_horizon_ms
+    }
+
+    /// Refuses `adding` client timers that would take the pending timers past
+    /// `max_pending_timers`. One stream info per second at most, whatever the PUSH rate.
+    ///
+    /// # Errors
+    /// 429 `queue_full` (`horizon::admit`), or `backend_error` when the count cannot be read.
+    pub(super) async fn admit_timers(&self, adding: u64) -> Result<(), OjsError> {
+        if adding == 0 {
+            return Ok(());
+        }
+        let cached = *self.inner.timer_count.0.lock().expect("timer count lock");
+        let pending = match cached {
+            Some((read, count)) if read.elapsed() < TIMER_COUNT_TTL => count,
+            _ => {
+                let stream = self
+                    .inner
+                    .js
+                    .get_stream(self.inner.topology.timers_stream())
+                    .await
+                    .map_err(backend("reading the timers stream"))?;
+                let count = stream.cached_info().state.messages;
+                *self.inner.timer_count.0.lock().expect("timer count lock") =
+                    Some((Instant::now(), count));
+                count
+            }
+        };
+        horizon::admit(pending, adding, self.inner.max_pending_timers)
     }
 }

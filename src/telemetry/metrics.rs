@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// Cheap to clone: every clone records into the same registry.
@@ -17,6 +18,10 @@ pub struct Metrics {
     leader_service_failures: IntCounterVec,
     /// Job-record writes the event publisher could not read or derive events from.
     job_writes_skipped: IntCounter,
+    /// Timers the leader holds in memory (due within its horizon).
+    timers_held: IntGauge,
+    /// Timers handed back to JetStream with a NAK delay (due beyond the horizon).
+    timers_handed_back: IntCounter,
 }
 
 impl Metrics {
@@ -54,11 +59,23 @@ impl Metrics {
             "Job-record writes the event publisher skipped because it could not process them",
         )
         .expect("valid metric");
+        let timers_held = IntGauge::new(
+            "ojs_timers_held",
+            "Timers this replica's scheduler holds in memory, due within its horizon",
+        )
+        .expect("valid metric");
+        let timers_handed_back = IntCounter::new(
+            "ojs_timers_handed_back_total",
+            "Timers due beyond the horizon handed back to JetStream with a NAK delay",
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
             Box::new(leader_service_failures.clone()),
             Box::new(job_writes_skipped.clone()),
+            Box::new(timers_held.clone()),
+            Box::new(timers_handed_back.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
@@ -68,7 +85,18 @@ impl Metrics {
             durations,
             leader_service_failures,
             job_writes_skipped,
+            timers_held,
+            timers_handed_back,
         }
+    }
+
+    pub fn set_timers_held(&self, held: usize) {
+        self.timers_held
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
+    pub fn timer_handed_back(&self) {
+        self.timers_handed_back.inc();
     }
 
     pub fn leader_service_failed(&self, service: &str) {

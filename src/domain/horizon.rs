@@ -31,11 +31,15 @@ pub fn place(due_ms: i64, now_ms: i64, horizon_ms: u64) -> Placement {
     if until <= horizon {
         return Placement::Hold;
     }
-    let delay = until - horizon / 2;
+    let delay = (until - horizon / 2).min(i128::from(MAX_HAND_BACK_MS));
     Placement::HandBack(Duration::from_millis(
-        u64::try_from(delay).unwrap_or(u64::MAX),
+        u64::try_from(delay).unwrap_or(MAX_HAND_BACK_MS),
     ))
 }
+
+/// Longest NAK delay: a timer due later comes back once a day and is handed back again.
+/// Keeps the delay, sent in nanoseconds, far inside what the server parses (an i64).
+pub const MAX_HAND_BACK_MS: u64 = 86_400_000;
 
 /// Admits `adding` client timers (promote and expire timers of a PUSH) when `pending` timers
 /// are in the stream: the total must stay within `max_pending`.
@@ -86,6 +90,11 @@ mod tests {
         assert_eq!(
             place(day, 0, MIN),
             Placement::HandBack(Duration::from_millis(day as u64 - 30_000))
+        );
+        // A year out: back in a day, to be handed back again.
+        assert_eq!(
+            place(365 * day, 0, MIN),
+            Placement::HandBack(Duration::from_millis(MAX_HAND_BACK_MS))
         );
     }
 

@@ -6,6 +6,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,32 @@ async fn enqueue_n(
     ids
 }
 
+/// How many of `ids` the server held active at one instant: a forward pass over every job,
+/// then a backward re-read of those seen active. A job active in both reads was active at
+/// the end of the forward pass (these jobs are not fetched again within a pass), so the
+/// count never exceeds the true one; a single pass would also count a job that finished
+/// early in it together with one that started late in it. Jobs found completed are taken
+/// out of `ids`: they are never active again.
+async fn active_at_once(app: &TestApp, ids: &mut Vec<String>) -> usize {
+    let mut seen = Vec::new();
+    let mut completed = Vec::new();
+    for id in ids.iter() {
+        match app.job(id).await["state"].as_str() {
+            Some("active") => seen.push(id),
+            Some("completed") => completed.push(id.clone()),
+            _ => {}
+        }
+    }
+    let mut held = 0;
+    for id in seen.into_iter().rev() {
+        if app.job(id).await["state"] == "active" {
+            held += 1;
+        }
+    }
+    ids.retain(|id| !completed.contains(id));
+    held
+}
+
 #[tokio::test]
 async fn the_worker_never_runs_more_jobs_than_its_concurrency() {
     let nats = NatsServer::start();
@@ -157,8 +184,8 @@ async fn the_worker_never_runs_more_jobs_than_its_concurrency() {
     let mut most = 0;
     let started = Instant::now();
     loop {
+        most = most.max(active_at_once(&app, &mut ids.clone()).await);
         let now = states(&app, &ids).await;
-        most = most.max(now.iter().filter(|s| *s == "active").count());
         if now.iter().all(|s| s == "completed") {
             break;
         }
@@ -239,6 +266,89 @@ async fn sigterm_waits_the_grace_period_then_hands_unfinished_jobs_back() {
         assert_eq!(job["state"], "available", "{job}");
         assert_eq!(job["error"]["type"], "shutdown");
     }
+}
+
+/// The signal sequence of a worker's life arriving while FETCHes are in flight: a steady
+/// trickle of short jobs, a varying number (0 to 5) of long ones at a higher priority, then
+/// SIGTSTP, SIGCONT and SIGTERM at varying moments. Sampled every 20 ms, the server never
+/// sees the worker hold more jobs than its concurrency, and once it has exited no job is
+/// left reserved. 5 rounds; 50 with OJS_SOAK=1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_around_fetches_in_flight_neither_exceed_the_concurrency_nor_strand_a_job() {
+    const CONCURRENCY: usize = 5;
+    let rounds = if std::env::var_os("OJS_SOAK").is_some() {
+        50
+    } else {
+        5
+    };
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let (mut over_limit, mut stranded, mut handed_back, mut most) = (0, 0, 0, 0);
+    for round in 0..rounds {
+        let queue = format!("signals-{round}");
+        let short = json!({"type": "demo.sleep", "args": [200], "options": {"queue": queue}});
+        let long = json!({"type": "demo.sleep", "args": [15000],
+            "options": {"queue": queue, "priority": 100}});
+        let ids = Mutex::new(Vec::new());
+        let mut worker = WorkerProcess::start(&app.base, &queue, CONCURRENCY, "2", &queue);
+        let exited = AtomicBool::new(false);
+        let sampler = async {
+            let (mut watched, mut taken, mut most, mut over) = (Vec::new(), 0, 0, 0);
+            while !exited.load(Ordering::Relaxed) {
+                let ids = ids.lock().unwrap().clone();
+                watched.extend(ids.iter().skip(taken).cloned());
+                taken = ids.len();
+                let held = active_at_once(&app, &mut watched).await;
+                most = most.max(held);
+                over += usize::from(held > CONCURRENCY);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (most, over)
+        };
+        let feeder = async {
+            while !exited.load(Ordering::Relaxed) {
+                let id = app.enqueue(short.clone()).await;
+                ids.lock().unwrap().push(id);
+                tokio::time::sleep(Duration::from_millis(rand::random_range(20..300))).await;
+            }
+        };
+        let signals = async {
+            let pause = || Duration::from_millis(rand::random_range(100..1500));
+            tokio::time::sleep(pause()).await;
+            for _ in 0..round % 6 {
+                let id = app.enqueue(long.clone()).await;
+                ids.lock().unwrap().push(id);
+            }
+            for signal in ["TSTP", "CONT", "TERM"] {
+                tokio::time::sleep(pause()).await;
+                worker.signal(signal);
+            }
+            assert_eq!(worker.exit_code(Duration::from_secs(15)).await, 0);
+            exited.store(true, Ordering::Relaxed);
+        };
+        let ((round_most, over), (), ()) = tokio::join!(sampler, feeder, signals);
+        most = most.max(round_most);
+        over_limit += over;
+        let ids = ids.into_inner().unwrap();
+        for id in &ids {
+            let job = app.job(id).await;
+            stranded += usize::from(job["state"] == "active");
+            handed_back += usize::from(job["error"]["type"] == "shutdown");
+        }
+    }
+    println!(
+        "{rounds} rounds of TSTP/CONT/TERM at concurrency {CONCURRENCY}: at most {most} active \
+         at once, {over_limit} over-limit samples, {stranded} jobs left reserved, \
+         {handed_back} handed back"
+    );
+    assert_eq!(
+        over_limit, 0,
+        "the worker held more jobs than its concurrency"
+    );
+    assert_eq!(
+        stranded, 0,
+        "jobs stayed reserved by a worker that had exited"
+    );
 }
 
 #[tokio::test]

@@ -39,6 +39,9 @@ pub use crate::domain::worker::WorkerState;
 /// Longest backtrace sent with a failure (worker protocol: ≤ 50 frames, ≤ 10,000 chars).
 const MAX_BACKTRACE_FRAMES: usize = 50;
 const MAX_BACKTRACE_CHARS: usize = 10_000;
+/// How long an ACK or FAIL is sent again while the server cannot be reached, and how long
+/// a stopping worker waits for those already under way.
+const REPORT_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Settings of a worker; `new` fills the protocol's defaults.
 #[derive(Debug, Clone)]
@@ -208,7 +211,9 @@ impl<'a> ExecutionNext<'a> {
 pub struct Summary {
     pub jobs_completed: u64,
     pub jobs_failed: u64,
-    /// Unfinished at the end of the grace period, failed with type `shutdown`.
+    /// Handed back with a failure of type `shutdown` (requeued at once): unfinished at the
+    /// end of the grace period, or delivered by a fetch in flight as the worker quieted or
+    /// stopped.
     pub jobs_shutdown: u64,
 }
 
@@ -319,6 +324,7 @@ impl Worker {
     pub async fn run_until_terminated(self) -> Summary {
         let engine = Arc::new(Engine {
             client: self.client,
+            slots: Arc::new(Semaphore::new(self.cfg.concurrency)),
             cfg: self.cfg,
             handlers: self.handlers,
             chain: self.chain,
@@ -326,22 +332,26 @@ impl Worker {
             active: Mutex::new(HashMap::new()),
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            handed_back: AtomicU64::new(0),
         });
         let beats = tokio::spawn(engine.clone().heartbeat_loop());
         engine.clone().fetch_loop().await;
-        let shutdown = engine.drain().await;
+        engine.drain().await;
         beats.abort();
         info!(worker_id = %engine.cfg.worker_id, "worker stopped");
         Summary {
             jobs_completed: engine.completed.load(Ordering::Relaxed),
             jobs_failed: engine.failed.load(Ordering::Relaxed),
-            jobs_shutdown: shutdown,
+            jobs_shutdown: engine.handed_back.load(Ordering::Relaxed),
         }
     }
 }
 
 struct Engine {
     client: Client,
+    /// One permit per job the server may see this worker hold: taken before the FETCH
+    /// that asks for the job, given back once the server has answered its ACK or FAIL.
+    slots: Arc<Semaphore>,
     cfg: WorkerConfig,
     handlers: HashMap<String, Arc<dyn Handler>>,
     chain: Chain<dyn ExecutionMiddleware>,
@@ -349,6 +359,7 @@ struct Engine {
     active: Mutex<HashMap<String, Active>>,
     completed: AtomicU64,
     failed: AtomicU64,
+    handed_back: AtomicU64,
 }
 
 impl Engine {
@@ -356,9 +367,11 @@ impl Engine {
         *self.control.state.borrow()
     }
 
-    /// Fetches while running, never more jobs than free slots, never while full.
+    /// Fetches while running, never more jobs than free slots, never while full. A FETCH in
+    /// flight is never abandoned (the server may be claiming jobs for it); what it brings
+    /// after the worker quieted or began to stop goes straight back.
     async fn fetch_loop(self: Arc<Self>) {
-        let slots = Arc::new(Semaphore::new(self.cfg.concurrency));
+        let slots = &self.slots;
         let mut states = self.control.state.subscribe();
         loop {
             match self.state() {
@@ -396,13 +409,19 @@ impl Engine {
                 }
             };
             let empty = jobs.is_empty();
+            let running = self.state() == WorkerState::Running;
             for job in jobs {
-                let Some(permit) = permits.pop() else { break };
-                let engine = self.clone();
-                tokio::spawn(async move {
-                    engine.execute(job).await;
-                    drop(permit);
-                });
+                match permits.pop() {
+                    Some(permit) if running => {
+                        let (engine, ctx) = (self.clone(), self.start(job));
+                        tokio::spawn(async move {
+                            engine.execute(ctx).await;
+                            drop(permit);
+                        });
+                    }
+                    // Quiet or stopping by now, or more jobs than asked for.
+                    _ => self.hand_back(job["id"].as_str().unwrap_or_default()).await,
+                }
             }
             drop(permits);
             if empty {
@@ -419,28 +438,33 @@ impl Engine {
         }
     }
 
-    /// Runs one job through the middleware chain and its handler, then ACK or FAIL. A panic
-    /// in the handler is caught and reported as a failure.
-    async fn execute(self: Arc<Self>, job: Value) {
-        let id = job["id"].as_str().unwrap_or_default().to_owned();
-        let cancel = CancellationToken::new();
+    /// Registers a fetched job as active before its task exists, so the drain always sees it.
+    fn start(&self, job: Value) -> JobContext {
         let ctx = JobContext {
-            id: id.clone(),
+            id: job["id"].as_str().unwrap_or_default().to_owned(),
             job_type: job["type"].as_str().unwrap_or_default().to_owned(),
             args: job["args"].clone(),
             attempt: job["attempt"].as_u64().unwrap_or(0),
             job,
-            cancel: cancel.clone(),
+            cancel: CancellationToken::new(),
             client: self.client.clone(),
             worker_id: self.cfg.worker_id.clone(),
         };
         self.active.lock().expect("active jobs lock").insert(
-            id.clone(),
+            ctx.id.clone(),
             Active {
-                cancel,
+                cancel: ctx.cancel.clone(),
                 abort: None,
             },
         );
+        ctx
+    }
+
+    /// Runs one job through the middleware chain and its handler, then ACK or FAIL. A panic
+    /// in the handler is caught and reported as a failure. Whoever takes the job out of
+    /// `active` reports it: this task, or the drain that hands it back.
+    async fn execute(self: Arc<Self>, ctx: JobContext) {
+        let id = ctx.id.clone();
         let run = {
             let engine = self.clone();
             tokio::spawn(async move {
@@ -467,21 +491,43 @@ impl Engine {
             Err(e) if e.is_panic() => Some(Err(panic_error(e.into_panic()))),
             Err(_) => None, // aborted at shutdown; the drain reports it
         };
-        if let Some(outcome) = outcome {
-            self.active.lock().expect("active jobs lock").remove(&id);
-            let reported = match outcome {
-                Ok(result) => {
-                    self.completed.fetch_add(1, Ordering::Relaxed);
-                    self.client.call(reqwest::Method::POST, "/ojs/v1/workers/ack", Some(json!({"job_id": id, "worker_id": self.cfg.worker_id, "result": result}))).await
-                }
-                Err(err) => {
-                    self.failed.fetch_add(1, Ordering::Relaxed);
-                    self.fail(&id, &err, false).await
-                }
-            };
-            if let Err(err) = reported {
-                warn!(job_id = %id, error = %err, "could not report a job's outcome");
+        let Some(outcome) = outcome else { return };
+        if self
+            .active
+            .lock()
+            .expect("active jobs lock")
+            .remove(&id)
+            .is_none()
+        {
+            return;
+        }
+        let reported = match outcome {
+            Ok(result) => {
+                self.completed.fetch_add(1, Ordering::Relaxed);
+                let body = json!({"job_id": id, "worker_id": self.cfg.worker_id, "result": result});
+                self.report("/ojs/v1/workers/ack", body).await
             }
+            Err(err) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.fail(&id, &err, false).await
+            }
+        };
+        if let Err(err) = reported {
+            warn!(job_id = %id, error = %err, "could not report a job's outcome");
+        }
+    }
+
+    /// Requeues a job at once with a failure of type `shutdown`.
+    async fn hand_back(&self, id: &str) {
+        let err = HandlerError {
+            error_type: "shutdown".into(),
+            message: "The worker shut down before the job finished.".into(),
+            backtrace: None,
+            retryable: true,
+        };
+        self.handed_back.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.fail(id, &err, true).await {
+            warn!(job_id = %id, error = %e, "could not hand a job back");
         }
     }
 
@@ -503,24 +549,42 @@ impl Engine {
                 "backtrace": err.backtrace.as_deref().map(truncate_backtrace),
             },
         });
-        self.client
-            .call(reqwest::Method::POST, "/ojs/v1/workers/nack", Some(body))
-            .await
+        self.report("/ojs/v1/workers/nack", body).await
     }
 
-    /// Waits for active jobs up to the grace period (none after SIGINT), then fails what is
-    /// left with type `shutdown`, so the server hands those jobs out again at once.
-    async fn drain(&self) -> u64 {
-        let deadline = tokio::time::Instant::now() + self.cfg.grace_period;
+    /// An ACK or FAIL, sent again while the server cannot be reached (for a few seconds):
+    /// the job's slot stays taken until the server has the outcome, so the server never
+    /// sees this worker hold more jobs than its concurrency.
+    async fn report(&self, path: &str, body: Value) -> Result<Value, ClientError> {
+        let give_up = tokio::time::Instant::now() + REPORT_PATIENCE;
+        let mut delay = Duration::from_millis(100);
         loop {
-            if self.active.lock().expect("active jobs lock").is_empty() {
-                return 0;
+            match self
+                .client
+                .call(reqwest::Method::POST, path, Some(body.clone()))
+                .await
+            {
+                Err(ClientError::Transport(err))
+                    if tokio::time::Instant::now() + delay < give_up =>
+                {
+                    warn!(path, error = %err, "the server did not answer; sending again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                answer => return answer,
             }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = self.control.immediate.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            }
+        }
+    }
+
+    /// Waits up to the grace period (none after SIGINT) for every slot, that is for every
+    /// job to run and be reported, then hands back what is still running, so the server
+    /// gives those jobs out again at once, and waits for the reports already under way.
+    async fn drain(&self) {
+        let all = u32::try_from(self.cfg.concurrency).unwrap_or(u32::MAX);
+        tokio::select! {
+            _ = self.slots.acquire_many(all) => return,
+            () = tokio::time::sleep(self.cfg.grace_period) => {}
+            () = self.control.immediate.cancelled() => {}
         }
         let left: Vec<(String, Active)> = self
             .active
@@ -528,22 +592,14 @@ impl Engine {
             .expect("active jobs lock")
             .drain()
             .collect();
-        let shutdown = HandlerError {
-            error_type: "shutdown".into(),
-            message: "The worker shut down before the job finished.".into(),
-            backtrace: None,
-            retryable: true,
-        };
         for (id, active) in &left {
             active.cancel.cancel();
             if let Some(abort) = &active.abort {
                 abort.abort();
             }
-            if let Err(err) = self.fail(id, &shutdown, true).await {
-                warn!(job_id = %id, error = %err, "could not hand a job back at shutdown");
-            }
+            self.hand_back(id).await;
         }
-        left.len() as u64
+        let _ = tokio::time::timeout(REPORT_PATIENCE, self.slots.acquire_many(all)).await;
     }
 
     /// Reports state and active jobs every interval; follows the answer's directive and

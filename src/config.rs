@@ -67,6 +67,9 @@ pub struct Config {
     /// Most distinct priorities in use per queue (each a consumer); a job with a new one
     /// beyond it is refused with 400.
     pub max_priorities_per_queue: usize,
+    /// A gateway closes its pull loop for a queue lane (two subscriptions and a task) when no
+    /// FETCH has asked for it in this many milliseconds; the next FETCH opens it again.
+    pub idle_puller_ms: u64,
     /// The leader holds in memory only timers due within this many milliseconds; later ones
     /// are handed back to JetStream with a NAK delay (architecture §3.5). 100 to 3,600,000.
     pub timer_horizon_ms: u64,
@@ -105,6 +108,7 @@ impl Default for Config {
             nats_timeout_ms: 5_000,
             max_queues: 1_000,
             max_priorities_per_queue: 16,
+            idle_puller_ms: 300_000,
             timer_horizon_ms: 60_000,
             max_pending_timers: 5_000_000,
             failpoints: String::new(),
@@ -235,6 +239,9 @@ impl Config {
         if !(1..=201).contains(&self.max_priorities_per_queue) {
             return invalid("max_priorities_per_queue", "must be 1 to 201");
         }
+        if !(100..=86_400_000).contains(&self.idle_puller_ms) {
+            return invalid("idle_puller_ms", "must be 100 to 86400000 (one day)");
+        }
         if !(100..=3_600_000).contains(&self.timer_horizon_ms) {
             return invalid("timer_horizon_ms", "must be 100 to 3600000 (one hour)");
         }
@@ -324,6 +331,22 @@ mod tests {
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn idle_puller_time_is_bounded() {
+        for (idle_puller_ms, ok) in [
+            (99, false),
+            (100, true),
+            (86_400_000, true),
+            (86_400_001, false),
+        ] {
+            let cfg = Config {
+                idle_puller_ms,
+                ..Config::default()
+            };
+            assert_eq!(cfg.validate().is_ok(), ok, "{idle_puller_ms}");
         }
     }
 

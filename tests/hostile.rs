@@ -270,6 +270,87 @@ async fn queues_and_priorities_are_capped_before_anything_is_created() {
         .await;
 }
 
+/// The gateway's `ojs_queue_pullers_open` gauge.
+async fn pullers_open(app: &TestApp) -> u64 {
+    let text = app.metrics().await;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ojs_queue_pullers_open "))
+        .expect("the pullers gauge");
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn idle_pull_loops_are_closed_without_losing_a_job_and_reopen_on_the_next_fetch() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        idle_puller_ms: 400,
+        ..test_config(&nats.url)
+    })
+    .await;
+    for i in 0..20 {
+        let queue = format!("lane{i}");
+        app.enqueue(job_on(&queue)).await;
+        assert_eq!(app.fetch(&[&queue], "w").await.len(), 1);
+    }
+    app.enqueue(job_on("other")).await;
+    assert_eq!(app.fetch(&["other"], "w").await.len(), 1);
+    assert_eq!(pullers_open(&app).await, 21);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(app.fetch(&["other"], "w").await.is_empty());
+    assert_eq!(pullers_open(&app).await, 1, "idle loops were closed");
+
+    // A FETCH long-polling on a lane whose loop is closed under it still gets its job.
+    let long_poll = app.post(
+        "/ojs/v1/workers/fetch",
+        json!({"queues": ["lane0"], "worker_id": "w", "wait_ms": 3000}),
+    );
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(app.fetch(&["other"], "w").await.is_empty());
+        assert_eq!(
+            pullers_open(&app).await,
+            1,
+            "lane0's loop left the registry"
+        );
+        app.enqueue(job_on("lane0")).await
+    };
+    let (r, id) = tokio::join!(long_poll, meanwhile);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["jobs"][0]["id"], id.as_str());
+
+    // A loop closed while a waiting pull of a finished FETCH is still open at the server
+    // releases what that pull brings: the next FETCH gets it, not AckWait later.
+    let started = Instant::now();
+    let long_poll = app.post(
+        "/ojs/v1/workers/fetch",
+        json!({"queues": ["lane1", "lane2"], "worker_id": "w", "wait_ms": 5000}),
+    );
+    let (r, _) = tokio::join!(long_poll, async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.enqueue(job_on("lane2")).await
+    });
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(app.fetch(&["other"], "w").await.is_empty());
+    assert_eq!(
+        pullers_open(&app).await,
+        1,
+        "lane1's loop left the registry"
+    );
+    let id = app.enqueue(job_on("lane1")).await;
+    let got = eventually(Duration::from_secs(3), "the job on lane1", || async {
+        let jobs = app.fetch(&["lane1"], "w").await;
+        jobs.first().map(|j| j["id"].as_str().unwrap().to_owned())
+    })
+    .await;
+    assert_eq!(got, id);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "lane1's waiting pull was still open"
+    );
+}
+
 #[tokio::test]
 async fn ids_that_would_become_subjects_are_bounded_and_the_connection_survives() {
     let nats = NatsServer::start();

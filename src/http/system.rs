@@ -67,6 +67,7 @@ pub async fn manifest() -> Response {
 
 /// Prometheus text format.
 pub async fn metrics(State(state): State<SharedState>) -> Response {
+    state.metrics.set_pullers_open(state.store.pullers_open());
     let mut response = state.metrics.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

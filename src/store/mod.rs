@@ -190,6 +190,7 @@ impl Store {
                 max_queues: cfg.max_queues,
                 max_priorities_per_queue: cfg.max_priorities_per_queue,
             },
+            Duration::from_millis(cfg.idle_puller_ms),
         )
         .await?;
         info!(elapsed_ms = started.elapsed().as_millis() as u64, namespace = %topology.namespace, "JetStream topology ready");
@@ -240,6 +241,11 @@ impl Store {
     /// The version the NATS server announced, e.g. `2.10.22`.
     pub fn nats_version(&self) -> String {
         self.inner.client.server_info().version
+    }
+
+    /// How many queue lanes this gateway keeps a pull loop open for.
+    pub fn pullers_open(&self) -> usize {
+        self.inner.queues.pullers_open()
     }
 
     /// How long finished jobs are kept; `None`: for good.

@@ -4,6 +4,11 @@
 //! the loop keeps one waiting pull per consumer open for all of them, so JetStream itself
 //! wakes them the moment a job arrives.
 //!
+//! When the last handle is dropped (the registry evicts an idle lane), the loop ends once the
+//! pulls it has open are answered or expired, releasing whatever they still bring: the
+//! server skips a waiting pull whose reply subject lost interest, but a message can be on
+//! its way before the unsubscribe arrives.
+//!
 //! Why not a fresh inbox per fetch: when two `no_wait` pulls race for the last message, the
 //! server can park the loser as a waiting request that is never answered; a message it
 //! later delivers to that request would go to an inbox nobody reads and stay stuck until
@@ -63,10 +68,12 @@ struct Round {
     got: Vec<jetstream::Message>,
 }
 
-/// A waiting pull in flight: its reply subject and how many messages it may still bring.
+/// A waiting pull in flight: its reply subject, how many messages it may still bring, and
+/// when the server ends it.
 struct WaitPull {
     reply: String,
     remaining: usize,
+    expires: Instant,
 }
 
 impl Puller {
@@ -162,7 +169,14 @@ async fn run(
     let mut waiters: VecDeque<Waiter> = VecDeque::new();
     let mut wait_pulls: VecDeque<WaitPull> = VecDeque::new();
     let mut refused_until: Option<Instant> = None;
+    // Set once every handle is gone: when the last open pull can no longer deliver.
+    let mut close_by: Option<Instant> = None;
     loop {
+        if let Some(by) = close_by {
+            if (round.is_none() && wait_pulls.is_empty()) || Instant::now() >= by {
+                return;
+            }
+        }
         // Fetches that came in while a pull was in flight make up the next one.
         if round.is_none() && !fresh.is_empty() {
             let fetches = std::mem::take(&mut fresh);
@@ -198,17 +212,27 @@ async fn run(
                     wait_pulls.push_back(WaitPull {
                         reply,
                         remaining: batch,
+                        expires: earliest,
                     });
                 }
             }
         }
         let round_deadline = round.as_ref().map(|r| r.deadline);
-        let wake = earliest.into_iter().chain(refused_until).min();
+        let wake = earliest
+            .into_iter()
+            .chain(refused_until)
+            .chain(close_by)
+            .min();
         tokio::select! {
-            req = requests.recv() => match req {
+            req = requests.recv(), if close_by.is_none() => match req {
                 Some(Request::Now { want, reply }) => fresh.push((want, reply)),
                 Some(Request::Wait(w)) => waiters.push_back(w),
-                None => return,
+                None => {
+                    fresh.clear(); // their requesters held handles: they are gone too
+                    let last = wait_pulls.iter().map(|p| p.expires);
+                    let last = last.chain(round.as_ref().map(|r| r.deadline)).max();
+                    close_by = Some(last.unwrap_or_else(Instant::now) + PULL_ANSWER_TIMEOUT);
+                }
             },
             msg = now_sub.next() => {
                 let Some(msg) = msg else { return };

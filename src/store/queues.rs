@@ -3,7 +3,9 @@
 //! in memory by a watch so FETCH needs no lookup on its hot path.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, PullConsumer};
 use async_nats::jetstream::{self, kv};
@@ -43,8 +45,32 @@ struct Registry {
     kv: kv::Store,
     /// The queues bucket, keyed by encoded queue name.
     queues: Arc<Mirror<QueueMeta>>,
-    pullers: tokio::sync::Mutex<HashMap<(String, i32), Puller>>,
+    pullers: tokio::sync::Mutex<Pullers>,
+    /// How many pull loops are open, readable without the lock (for `/metrics`).
+    pullers_open: AtomicUsize,
     limits: LaneLimits,
+}
+
+/// This gateway's pull loops by lane, each with when a FETCH last asked for it. A loop
+/// nobody asked for in `idle` is dropped: lanes are bounded by the lane limits, but a
+/// gateway need not keep two subscriptions and a task for every lane it ever served.
+struct Pullers {
+    lanes: HashMap<(String, i32), (Puller, Instant)>,
+    idle: Duration,
+    swept: Instant,
+}
+
+impl Pullers {
+    /// Drops the loops idle for `idle`, looking at most every quarter of it.
+    fn evict_idle(&mut self, now: Instant) {
+        if now.duration_since(self.swept) < self.idle / 4 {
+            return;
+        }
+        self.swept = now;
+        let idle = self.idle;
+        self.lanes
+            .retain(|_, (_, used)| now.duration_since(*used) < idle);
+    }
 }
 
 impl QueueRegistry {
@@ -55,6 +81,7 @@ impl QueueRegistry {
         topology: Topology,
         kv: kv::Store,
         limits: LaneLimits,
+        idle_puller: Duration,
     ) -> Result<QueueRegistry, OjsError> {
         let queues = Mirror::start(&kv, &client, topology.reset_subject()).await?;
         Ok(QueueRegistry {
@@ -63,7 +90,12 @@ impl QueueRegistry {
                 topology,
                 kv,
                 queues,
-                pullers: tokio::sync::Mutex::new(HashMap::new()),
+                pullers: tokio::sync::Mutex::new(Pullers {
+                    lanes: HashMap::new(),
+                    idle: idle_puller,
+                    swept: Instant::now(),
+                }),
+                pullers_open: AtomicUsize::new(0),
                 limits,
             }),
         })
@@ -206,11 +238,18 @@ impl QueueRegistry {
         }
     }
 
-    /// The pull loop of one priority of a queue, started on first use.
+    /// The pull loop of one priority of a queue, started on first use; loops idle for
+    /// `idle_puller_ms` are dropped on the way.
     pub async fn puller(&self, queue: &str, priority: i32) -> Result<Puller, OjsError> {
         let mut pullers = self.inner.pullers.lock().await;
+        let now = Instant::now();
+        pullers.evict_idle(now);
+        self.inner
+            .pullers_open
+            .store(pullers.lanes.len(), Ordering::Relaxed);
         let key = (queue.to_owned(), priority);
-        if let Some(p) = pullers.get(&key) {
+        if let Some((p, used)) = pullers.lanes.get_mut(&key) {
+            *used = now;
             return Ok(p.clone());
         }
         self.align_ack_wait(queue, priority).await;
@@ -221,8 +260,16 @@ impl QueueRegistry {
         )
         .await
         .map_err(backend("subscribing for a queue"))?;
-        pullers.insert(key, puller.clone());
+        pullers.lanes.insert(key, (puller.clone(), now));
+        self.inner
+            .pullers_open
+            .store(pullers.lanes.len(), Ordering::Relaxed);
         Ok(puller)
+    }
+
+    /// How many pull loops this gateway keeps open.
+    pub fn pullers_open(&self) -> usize {
+        self.inner.pullers_open.load(Ordering::Relaxed)
     }
 
     /// Gives a priority consumer made under another `ack_wait_secs` the current one, so a

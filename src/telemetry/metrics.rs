@@ -22,6 +22,8 @@ pub struct Metrics {
     timers_held: IntGauge,
     /// Timers handed back to JetStream with a NAK delay (due beyond the horizon).
     timers_handed_back: IntCounter,
+    /// Queue lanes this gateway keeps a pull loop open for (set when scraped).
+    pullers_open: IntGauge,
 }
 
 impl Metrics {
@@ -69,6 +71,11 @@ impl Metrics {
             "Timers due beyond the horizon handed back to JetStream with a NAK delay",
         )
         .expect("valid metric");
+        let pullers_open = IntGauge::new(
+            "ojs_queue_pullers_open",
+            "Queue lanes this gateway keeps a pull loop open for; idle ones are closed",
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
@@ -76,6 +83,7 @@ impl Metrics {
             Box::new(job_writes_skipped.clone()),
             Box::new(timers_held.clone()),
             Box::new(timers_handed_back.clone()),
+            Box::new(pullers_open.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
@@ -87,7 +95,13 @@ impl Metrics {
             job_writes_skipped,
             timers_held,
             timers_handed_back,
+            pullers_open,
         }
+    }
+
+    pub fn set_pullers_open(&self, open: usize) {
+        self.pullers_open
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
     }
 
     pub fn set_timers_held(&self, held: usize) {

@@ -7,17 +7,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::{eventually, job_on, spawn_app, GatewayProcess, NatsServer};
+use common::{eventually, job_on, spawn_app, ts, GatewayProcess, NatsServer};
 use futures::{stream, StreamExt};
 use serde_json::{json, Value};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn ts(v: &Value) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(v.as_str().expect("a timestamp"))
-        .unwrap()
-        .with_timezone(&Utc)
-}
 
 /// Enqueues `n` jobs on `queue` in batches of 1000 and claims them all.
 async fn claimed_jobs(app: &common::TestApp, queue: &str, n: usize, retry: Value) -> Vec<String> {
@@ -139,20 +133,7 @@ async fn a_waiting_worker_gets_scheduled_jobs_within_100_ms_of_their_time() {
         app.enqueue(json!({"type": "t.s", "args": [i], "options": {"queue": "waiting", "scheduled_at": at}}))
             .await;
     }
-    let mut lateness = Vec::new();
-    while lateness.len() < 20 {
-        let r = other
-            .post(
-                "/ojs/v1/workers/fetch",
-                json!({"queues": ["waiting"], "worker_id": "w", "wait_ms": 5000}),
-            )
-            .await;
-        let got = Utc::now();
-        let job = &r.body["jobs"][0];
-        assert!(job.is_object(), "nothing came: {}", r.body);
-        lateness.push((got - ts(&job["scheduled_at"])).num_milliseconds());
-    }
-    lateness.sort_unstable();
+    let lateness = common::lateness_to_a_waiting_worker(&other, "waiting", 20).await;
     println!("scheduled job → waiting worker: {lateness:?} ms");
     assert!(lateness[0] >= 0, "a job came before its time");
     assert!(lateness[19] <= 100, "{} ms late", lateness[19]);

@@ -8,19 +8,13 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, AckKind};
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
-use common::{eventually, spawn_app, spawn_app_with, test_config, NatsServer};
+use chrono::Utc;
+use common::{eventually, spawn_app, spawn_app_with, test_config, ts, NatsServer};
 use futures::StreamExt;
 use ojs_jetstream::config::Config;
-use serde_json::{json, Value};
+use serde_json::json;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn ts(v: &Value) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(v.as_str().expect("a timestamp"))
-        .unwrap()
-        .with_timezone(&Utc)
-}
 
 fn at(from_now_ms: i64) -> String {
     (Utc::now() + chrono::Duration::milliseconds(from_now_ms))
@@ -141,20 +135,7 @@ async fn jobs_due_beyond_the_horizon_are_not_held_yet_run_on_time() {
     assert_eq!(metric(&app, "ojs_timers_held").await, 0, "nothing held yet");
     assert_eq!(timers_in_stream(&nats).await, 10, "all still in the stream");
 
-    let mut lateness = Vec::new();
-    while lateness.len() < 10 {
-        let r = app
-            .post(
-                "/ojs/v1/workers/fetch",
-                json!({"queues": ["far"], "worker_id": "w", "wait_ms": 5000}),
-            )
-            .await;
-        let got = Utc::now();
-        let job = &r.body["jobs"][0];
-        assert!(job.is_object(), "nothing came: {}", r.body);
-        lateness.push((got - ts(&job["scheduled_at"])).num_milliseconds());
-    }
-    lateness.sort_unstable();
+    let lateness = common::lateness_to_a_waiting_worker(&app, "far", 10).await;
     println!("handed-back scheduled job → waiting worker: {lateness:?} ms");
     assert!(lateness[0] >= 0, "a job came before its time");
     assert!(lateness[9] <= 100, "{} ms late", lateness[9]);

@@ -414,3 +414,30 @@ pub fn job_ids(jobs: &Value) -> Vec<&str> {
         .map(|j| j["id"].as_str().expect("a job id"))
         .collect()
 }
+
+/// A timestamp field of a job.
+pub fn ts(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str().expect("a timestamp"))
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+/// Long-polls `queue` through `app` until `n` scheduled jobs have come; how late each
+/// reached the worker after its `scheduled_at`, in milliseconds, sorted.
+pub async fn lateness_to_a_waiting_worker(app: &TestApp, queue: &str, n: usize) -> Vec<i64> {
+    let mut lateness = Vec::new();
+    while lateness.len() < n {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": [queue], "worker_id": "w", "wait_ms": 5000}),
+            )
+            .await;
+        let got = chrono::Utc::now();
+        let job = &r.body["jobs"][0];
+        assert!(job.is_object(), "nothing came: {}", r.body);
+        lateness.push((got - ts(&job["scheduled_at"])).num_milliseconds());
+    }
+    lateness.sort_unstable();
+    lateness
+}

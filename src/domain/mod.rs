@@ -2,6 +2,7 @@
 //! retention.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
+pub mod claim;
 pub mod cron;
 pub mod duration;
 pub mod envelope;

@@ -17,10 +17,11 @@ use super::error::{all_stored, backend};
 use super::puller::Puller;
 use super::timers::Timer;
 use super::Store;
+use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::envelope::too_large;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord, Transition};
-use crate::domain::lifecycle::{self, Delivery, Failure, LapseCause};
+use crate::domain::lifecycle::{self, Delivery, Failure};
 use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
 
@@ -482,13 +483,12 @@ impl Store {
                     }
                 },
             };
-            let step = claim_step(
-                &rec,
-                &delivered,
-                req,
-                self.inner.visibility_timeout,
-                Utc::now(),
-            );
+            let claimant = Claimant {
+                worker_id: req.worker_id.as_deref(),
+                visibility: req.visibility,
+                default_visibility: self.inner.visibility_timeout,
+            };
+            let step = claim::decide(&rec, &delivered, claimant, Utc::now());
             let mut next = match step {
                 Ok(ClaimStep::Write(next)) => *next,
                 // A remembered record only ever decides a write; anything else is decided on
@@ -501,8 +501,12 @@ impl Store {
                     settle(msg, AckKind::Nak(Some(Duration::from_millis(200)))).await;
                     return Ok(None);
                 }
-                Ok(ClaimStep::Settle(kind)) => {
-                    settle(msg, kind).await;
+                Ok(ClaimStep::Spent) => {
+                    settle(msg, AckKind::Ack).await;
+                    return Ok(None);
+                }
+                Ok(ClaimStep::Foreign) => {
+                    settle(msg, AckKind::Term).await;
                     return Ok(None);
                 }
                 Err(err) => return Err(err),
@@ -744,28 +748,6 @@ impl Store {
     }
 }
 
-/// A queue message as delivered to a FETCH.
-struct Delivered<'a> {
-    dispatch: u64,
-    /// The queue and priority of the consumer it came from.
-    queue: &'a str,
-    priority: i32,
-    delivery: Delivery,
-    /// Published longer than `ORPHAN_GRACE` ago.
-    orphan_age_passed: bool,
-}
-
-/// What a delivered message does to its job's record.
-enum ClaimStep {
-    /// Write this record (a claim, a redelivery, an expiry or a lapse).
-    Write(Box<JobRecord>),
-    /// Nothing to write; settle the message so.
-    Settle(AckKind),
-    /// The record is at an older dispatch: the write that goes with this message has not
-    /// landed yet (or never will).
-    Behind,
-}
-
 /// Pauses before looking again for the record a young message points to that is missing or
 /// `Behind`: its writer publishes the message first and writes the record a moment later,
 /// and a waiting FETCH gets the message that fast. Looks after 0.5, 1, 2, 4 and 8 ms; false
@@ -784,54 +766,6 @@ pub(super) fn changing_too_fast(id: &str) -> OjsError {
         ErrorCode::Conflict,
         format!("Job '{id}' is changing too fast; retry."),
     )
-}
-
-/// Decides what `msg` does to the job whose record is `rec` (architecture §3.1–§3.2).
-fn claim_step(
-    rec: &JobRecord,
-    msg: &Delivered,
-    req: &FetchRequest,
-    default_visibility: Duration,
-    now: DateTime<Utc>,
-) -> Result<ClaimStep, OjsError> {
-    if rec.job.queue != msg.queue || rec.job.priority != msg.priority {
-        // Published for another job that reused this id (a refused duplicate).
-        return Ok(ClaimStep::Settle(AckKind::Term));
-    }
-    if rec.dispatch > msg.dispatch || (rec.dispatch < msg.dispatch && msg.orphan_age_passed) {
-        // Superseded by a later dispatch, or its write never landed: spent.
-        return Ok(ClaimStep::Settle(AckKind::Ack));
-    }
-    if rec.dispatch < msg.dispatch {
-        return Ok(ClaimStep::Behind);
-    }
-    let visibility = req
-        .visibility
-        .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
-        .unwrap_or(default_visibility);
-    let worker = req.worker_id.as_deref();
-    Ok(ClaimStep::Write(Box::new(match rec.job.state {
-        // Core §5.2: an expired job is never handed out.
-        JobState::Available => match lifecycle::expire(rec, now) {
-            Some(expired) => expired,
-            None => lifecycle::claim(rec, now, worker, &msg.delivery, visibility)?,
-        },
-        JobState::Active => match &rec.holder {
-            // A second message for this dispatch (a repeated publish): spent.
-            Some(h) if h.sequence != msg.delivery.sequence => {
-                return Ok(ClaimStep::Settle(AckKind::Ack))
-            }
-            Some(h) if h.visible_until > now => lifecycle::redelivered(rec, &msg.delivery),
-            _ => match lifecycle::lapse(rec, now, LapseCause::Visibility) {
-                lapsed if lapsed.job.state == JobState::Available => {
-                    lifecycle::claim(&lapsed, now, worker, &msg.delivery, visibility)?
-                }
-                discarded => discarded,
-            },
-        },
-        // Cancelled, finished or waiting for a later dispatch: this message is spent.
-        _ => return Ok(ClaimStep::Settle(AckKind::Ack)),
-    })))
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.

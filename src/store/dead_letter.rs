@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::error::backend;
-use super::jobs::{changing_too_fast, MAX_CAS_ATTEMPTS};
+use super::records::{changing_too_fast, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};

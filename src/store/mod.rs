@@ -3,17 +3,20 @@
 
 mod cron;
 mod dead_letter;
+mod enqueue;
 mod error;
 mod events;
-mod jobs;
+mod fetch;
 mod lease;
 mod mirror;
 mod pruner;
 mod puller;
 mod queues;
 mod recent;
+mod records;
 mod timers;
 pub mod topology;
+mod transitions;
 mod workers;
 
 use std::sync::Arc;
@@ -34,10 +37,11 @@ pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
-pub use jobs::{FetchRequest, Settled};
+pub use fetch::FetchRequest;
 pub use lease::Lease;
 pub use pruner::{StoredWrite, WriteBody};
 use queues::QueueRegistry;
+pub use records::Settled;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
 pub use workers::{Beat, BeatReply, WorkerRecord, WorkerState};

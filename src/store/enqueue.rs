@@ -1,0 +1,183 @@
+//! PUSH (core §7.1): one job or a batch, all or none. Messages first, then the records
+//! (docs/architecture.md §4.1).
+
+use std::collections::BTreeSet;
+
+use async_nats::jetstream::kv;
+use chrono::Utc;
+use futures::future::join_all;
+use tracing::warn;
+
+use super::error::all_stored;
+use super::timers::Timer;
+use super::Store;
+use crate::domain::envelope::too_large;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::{Job, JobRecord, Transition};
+use crate::domain::lifecycle;
+use crate::domain::state::JobState;
+
+impl Store {
+    /// PUSH one or more jobs, all or none (core §7.1). Messages first, then the records: a
+    /// message without a record is dropped by FETCH, so no accepted job can be left
+    /// without a message.
+    ///
+    /// # Errors
+    /// 409 `duplicate` when an id exists (nothing of the batch stays), 413 for an envelope
+    /// over the server's payload limit, 429 `queue_full` when its timers would pass
+    /// `max_pending_timers`, `backend_error` when NATS fails.
+    pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Vec<Job>, OjsError> {
+        let now = Utc::now();
+        let records: Vec<JobRecord> = jobs
+            .into_iter()
+            .map(|job| JobRecord {
+                dispatch: u64::from(job.state == JobState::Available),
+                holder: None,
+                transition: Transition::Created,
+                dead_letter: None,
+                job,
+            })
+            .collect();
+        let mut encoded = Vec::with_capacity(records.len());
+        let max_job = self.max_job_bytes();
+        for (index, rec) in records.iter().enumerate() {
+            let bytes = rec.to_bytes();
+            if bytes.len() > max_job {
+                let mut err = too_large("job", bytes.len(), max_job).with_detail("index", index);
+                err.message = format!("The job at index {index}: {}", err.message);
+                return Err(err);
+            }
+            encoded.push(bytes);
+        }
+
+        // Every job's lane, scheduled ones too: creating a queue's stream when its first
+        // scheduled job comes due would make that promotion late.
+        let lanes: BTreeSet<(&str, i32)> = records
+            .iter()
+            .map(|r| (r.job.queue.as_str(), r.job.priority))
+            .collect();
+        self.inner.queues.admit(lanes.iter().copied())?;
+        // The batch's promote and expire timers, within `max_pending_timers` (before any
+        // write: a refused PUSH leaves nothing behind).
+        let timers = records
+            .iter()
+            .map(|rec| {
+                let promote = rec.dispatch == 0 && lifecycle::due_at(rec).is_some();
+                let expire = rec
+                    .job
+                    .expires_at
+                    .as_deref()
+                    .and_then(crate::domain::time::parse)
+                    .is_some();
+                u64::from(promote) + u64::from(expire)
+            })
+            .sum();
+        self.admit_timers(timers).await?;
+        for (queue, priority) in lanes {
+            self.inner.queues.ensure(queue, priority, now).await?;
+        }
+
+        // A claim that gets one of these messages before its record exists waits for this
+        // PUSH instead of re-reading (architecture §3.12); withdrawn however the PUSH ends.
+        let _expected = self.inner.recent.expect(
+            records
+                .iter()
+                .filter(|r| r.dispatch > 0)
+                .map(|r| r.job.id.clone())
+                .collect(),
+        );
+        // Queue messages for available jobs, timers for scheduled ones and for expiry: all
+        // stored before any record exists.
+        let mut acks = Vec::new();
+        for rec in &records {
+            if rec.dispatch > 0 {
+                acks.push(self.send_dispatch(rec).await?);
+            } else if let Some(at) = lifecycle::due_at(rec) {
+                acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
+            }
+            if let Some(at) = rec
+                .job
+                .expires_at
+                .as_deref()
+                .and_then(crate::domain::time::parse)
+            {
+                acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
+            }
+        }
+        all_stored(acks, "publishing a job to its queue").await?;
+
+        let creates = records
+            .iter()
+            .zip(encoded)
+            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.into()));
+        let results = join_all(creates).await;
+        if let Some((index, err)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+        {
+            let error = if err.kind() == kv::CreateErrorKind::AlreadyExists {
+                let id = &records[index].job.id;
+                OjsError::new(
+                    ErrorCode::Duplicate,
+                    format!("A job with id '{id}' already exists."),
+                )
+                .with_detail("job_id", id.as_str())
+                .with_detail("index", index)
+            } else {
+                OjsError::backend(format!("NATS failed while creating a job record: {err}"))
+            };
+            let stranded = self.roll_back(&records, &results).await;
+            if !stranded.is_empty() {
+                // The client must not believe nothing was written.
+                return Err(OjsError::backend(format!(
+                    "The batch was refused ({}), but {} of its jobs could not be removed again: {}",
+                    error.message,
+                    stranded.len(),
+                    stranded.join(", ")
+                )));
+            }
+            return Err(error);
+        }
+        // Only the batch's last jobs can stay remembered; cloning the others would be wasted.
+        let forgotten = records.len().saturating_sub(self.inner.recent.capacity());
+        for (rec, result) in records.iter().zip(&results).skip(forgotten) {
+            if let (JobState::Available, Ok(revision)) = (rec.job.state, result) {
+                self.inner
+                    .recent
+                    .remember(&rec.job.id, rec.clone(), *revision);
+            }
+        }
+        Ok(records.into_iter().map(|r| r.job).collect())
+    }
+
+    /// Removes the records a failed batch did create; their queue messages become orphans
+    /// that FETCH drops. Returns the ids that could not be removed.
+    async fn roll_back(
+        &self,
+        records: &[JobRecord],
+        results: &[Result<u64, kv::CreateError>],
+    ) -> Vec<String> {
+        let mut stranded = Vec::new();
+        for (rec, result) in records.iter().zip(results) {
+            if result.is_ok() {
+                let mut removed = false;
+                for _ in 0..3 {
+                    match self.inner.jobs.purge(&rec.job.id).await {
+                        Ok(()) => {
+                            removed = true;
+                            break;
+                        }
+                        Err(err) => {
+                            warn!(job_id = %rec.job.id, error = %err, "could not roll back a job of a refused batch")
+                        }
+                    }
+                }
+                if !removed {
+                    stranded.push(rec.job.id.clone());
+                }
+            }
+        }
+        stranded
+    }
+}

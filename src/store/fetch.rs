@@ -1,0 +1,326 @@
+//! FETCH (core §7.2) and the claim of each delivered message: queues in order, priorities
+//! highest first, long polling through the lanes' pull loops (`puller.rs`); what a message
+//! does to its job is decided in `domain::claim` (docs/architecture.md §3.1–§3.3, §4.2).
+
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+use chrono::Utc;
+use futures::future::join_all;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::puller::Puller;
+use super::records::{settle, Dispatch, Lookup, MAX_CAS_ATTEMPTS};
+use super::Store;
+use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
+use crate::domain::error::OjsError;
+use crate::domain::job::{Job, Transition};
+use crate::domain::lifecycle::Delivery;
+use crate::domain::state::JobState;
+
+/// A queue message whose job record does not show up within this time came from an enqueue
+/// that died between its two writes (or was rolled back); it is dropped.
+const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+/// Longest a claim waits for the record a PUSH through this gateway is still creating.
+const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
+
+/// A FETCH (core §7.2).
+#[derive(Debug, Clone)]
+pub struct FetchRequest {
+    /// Queues in the order to try them.
+    pub queues: Vec<String>,
+    pub count: usize,
+    pub worker_id: Option<String>,
+    /// Reservation for these jobs; else the job's own, else the server default.
+    pub visibility: Option<Duration>,
+    /// How long an empty FETCH may wait for a job to arrive (long polling).
+    pub wait: Option<Duration>,
+}
+
+/// What a FETCH has claimed so far, and the first failure.
+#[derive(Default)]
+struct Claims {
+    jobs: Vec<Job>,
+    failure: Option<OjsError>,
+}
+
+impl Claims {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.failure.is_none()
+    }
+}
+
+/// Parks one waiter on every lane and returns the first message delivered, with any that
+/// arrived at the same moment, tagged with their lane; empty at `until`, or when `stop`
+/// completes first.
+async fn wait_for_delivery(
+    lanes: &[(String, i32, Puller)],
+    until: Instant,
+    stop: impl std::future::Future<Output = ()>,
+) -> Vec<(usize, async_nats::jetstream::Message)> {
+    let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (lane, (_, _, puller)) in lanes.iter().enumerate() {
+        puller.wait(lane, until, sink.clone()).await;
+    }
+    drop(sink);
+    let first = tokio::select! {
+        first = rx.recv(), if !lanes.is_empty() => first,
+        () = tokio::time::sleep_until(until) => None,
+        () = stop => None,
+    };
+    // Withdraw from every lane, then take what was sent before that: nothing is dropped.
+    rx.close();
+    let mut got: Vec<_> = first.into_iter().collect();
+    while let Ok(more) = rx.try_recv() {
+        got.push(more);
+    }
+    got
+}
+
+/// Adds a claim's outcome to `got`; a message whose claim failed is released for another
+/// fetch, and the failure reported only if nothing was claimed.
+async fn record_claim(
+    msg: &async_nats::jetstream::Message,
+    claim: Result<Option<Job>, OjsError>,
+    got: &mut Claims,
+) {
+    match claim {
+        Ok(Some(job)) => got.jobs.push(job),
+        Ok(None) => {}
+        Err(err) => {
+            settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            got.failure.get_or_insert(err);
+        }
+    }
+}
+
+impl Store {
+    /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
+    /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
+    /// empty answer waits up to that long for the first job to arrive.
+    ///
+    /// # Errors
+    /// `backend_error` when NATS fails before anything was claimed.
+    pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
+        let until = req.wait.map(|w| Instant::now() + w);
+        let stop_waiting = &self.inner.stop_waiting;
+        let mut got = Claims::default();
+        loop {
+            // Armed before looking, so a queue (or priority) created meanwhile is not missed.
+            let registry_changed = self.inner.queues.changed();
+            tokio::pin!(registry_changed);
+            registry_changed.as_mut().enable();
+            let lanes = self.fetch_now(req, &mut got).await;
+            let Some(until) = until
+                .filter(|u| got.is_empty() && *u > Instant::now() && !stop_waiting.is_cancelled())
+            else {
+                break;
+            };
+            let stop = async {
+                tokio::select! {
+                    () = registry_changed => {}
+                    () = stop_waiting.cancelled() => {}
+                }
+            };
+            let delivered = wait_for_delivery(&lanes, until, stop).await;
+            for (lane, msg) in delivered {
+                let (queue, priority, _) = &lanes[lane];
+                if got.jobs.len() < req.count {
+                    let claim = self.claim(&msg, queue, *priority, req).await;
+                    record_claim(&msg, claim, &mut got).await;
+                } else {
+                    settle(&msg, AckKind::Nak(None)).await;
+                }
+            }
+        }
+        match got.failure {
+            Some(err) if got.jobs.is_empty() => Err(err),
+            _ => Ok(got.jobs),
+        }
+    }
+
+    /// Ends every long-polling FETCH now, with what it holds, and lets no later one wait:
+    /// a shutting-down gateway answers its workers at once (architecture §3.3).
+    pub fn stop_waiting(&self) {
+        self.inner.stop_waiting.cancel();
+    }
+
+    /// Claims what the named queues hold now, up to the request's count; returns every
+    /// queue lane it looked at. A failure stops it and is kept in `got`, so jobs already
+    /// claimed are still handed out.
+    async fn fetch_now(&self, req: &FetchRequest, got: &mut Claims) -> Vec<(String, i32, Puller)> {
+        let mut lanes = Vec::new();
+        for queue in &req.queues {
+            let meta = match self.inner.queues.lookup(queue).await {
+                Ok(Some(meta)) if !meta.paused => meta,
+                Ok(_) => continue,
+                Err(err) => {
+                    got.failure.get_or_insert(err);
+                    return lanes;
+                }
+            };
+            for priority in meta.priorities {
+                let puller = match self.inner.queues.puller(queue, priority).await {
+                    Ok(puller) => puller,
+                    Err(err) => {
+                        got.failure.get_or_insert(err);
+                        return lanes;
+                    }
+                };
+                loop {
+                    let need = req.count.saturating_sub(got.jobs.len());
+                    if need == 0 || got.failure.is_some() {
+                        return lanes;
+                    }
+                    let delivered = puller.pull(need).await;
+                    if delivered.is_empty() {
+                        break;
+                    }
+                    // Each message is its own job: claimed side by side, so the reads and
+                    // writes of a FETCH of many go to NATS together; kept in delivery order.
+                    let claims = delivered
+                        .iter()
+                        .map(|msg| self.claim(msg, queue, priority, req));
+                    for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
+                        record_claim(msg, claim, got).await;
+                    }
+                }
+                lanes.push((queue.clone(), priority, puller));
+            }
+        }
+        lanes
+    }
+
+    /// Claims the job a delivered queue message points to, or settles the message when it
+    /// is stale. `None` when nothing was claimed.
+    async fn claim(
+        &self,
+        msg: &async_nats::jetstream::Message,
+        queue: &str,
+        priority: i32,
+        req: &FetchRequest,
+    ) -> Result<Option<Job>, OjsError> {
+        let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
+            warn!(subject = %msg.subject, "dropping an unreadable queue message");
+            settle(msg, AckKind::Term).await;
+            return Ok(None);
+        };
+        let (Some(reply), Ok(info)) = (msg.reply.as_ref(), msg.info()) else {
+            return Ok(None);
+        };
+        let delivery = Delivery {
+            ack_subject: reply.to_string(),
+            sequence: info.stream_sequence,
+        };
+        let age = Utc::now().timestamp_millis() as i128
+            - info.published.unix_timestamp_nanos() / 1_000_000;
+        let delivered = Delivered {
+            dispatch: d.dispatch,
+            queue,
+            priority,
+            delivery,
+            orphan_age_passed: age > ORPHAN_GRACE.as_millis() as i128,
+        };
+
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            // The first try may use the record this gateway wrote last, or is writing now
+            // (`recent.rs`).
+            let guess = if attempt == 0 {
+                self.inner
+                    .recent
+                    .take_when_written(&d.id, RECORD_ON_ITS_WAY)
+                    .await
+            } else {
+                None
+            };
+            let guessed = guess.is_some();
+            let (rec, revision) = match guess {
+                Some(found) => found,
+                None => match self.lookup(&d.id).await? {
+                    Lookup::Found(rec, revision) => (*rec, revision),
+                    Lookup::Removed => {
+                        settle(msg, AckKind::Term).await;
+                        return Ok(None);
+                    }
+                    Lookup::Missing => {
+                        // The enqueue that published this message may still be creating the
+                        // record.
+                        if look_again(attempt, &delivered).await {
+                            continue;
+                        }
+                        let kind = if delivered.orphan_age_passed {
+                            AckKind::Term
+                        } else {
+                            AckKind::Nak(Some(Duration::from_secs(1)))
+                        };
+                        settle(msg, kind).await;
+                        return Ok(None);
+                    }
+                },
+            };
+            let claimant = Claimant {
+                worker_id: req.worker_id.as_deref(),
+                visibility: req.visibility,
+                default_visibility: self.inner.visibility_timeout,
+            };
+            let step = claim::decide(&rec, &delivered, claimant, Utc::now());
+            let mut next = match step {
+                Ok(ClaimStep::Write(next)) => *next,
+                // A remembered record only ever decides a write; anything else is decided on
+                // a fresh read.
+                _ if guessed => continue,
+                Ok(ClaimStep::Behind) => {
+                    if look_again(attempt, &delivered).await {
+                        continue;
+                    }
+                    settle(msg, AckKind::Nak(Some(Duration::from_millis(200)))).await;
+                    return Ok(None);
+                }
+                Ok(ClaimStep::Spent) => {
+                    settle(msg, AckKind::Ack).await;
+                    return Ok(None);
+                }
+                Ok(ClaimStep::Foreign) => {
+                    settle(msg, AckKind::Term).await;
+                    return Ok(None);
+                }
+                Err(err) => return Err(err),
+            };
+            self.prepare(&rec, &mut next).await?;
+            // No deadline timer here: the leader watches the job from this write (§3.6).
+            let Some(written) = self.write(&d.id, &next, revision).await? else {
+                continue;
+            };
+            if next.job.state == JobState::Active {
+                self.inner.recent.remember(&d.id, next.clone(), written);
+            }
+            return Ok(match next.job.state {
+                JobState::Active if next.transition == Transition::Redelivered => {
+                    settle(msg, AckKind::Progress).await;
+                    None
+                }
+                JobState::Active => Some(next.job),
+                _ => {
+                    settle(msg, AckKind::Ack).await;
+                    None
+                }
+            });
+        }
+        debug!(job_id = %d.id, "claim lost every compare-and-set; leaving the message for later");
+        settle(msg, AckKind::Nak(Some(Duration::from_millis(100)))).await;
+        Ok(None)
+    }
+}
+
+/// Pauses before looking again for the record a young message points to that is missing or
+/// `Behind`: its writer publishes the message first and writes the record a moment later,
+/// and a waiting FETCH gets the message that fast. Looks after 0.5, 1, 2, 4 and 8 ms; false
+/// once they are spent.
+async fn look_again(attempt: usize, delivered: &Delivered<'_>) -> bool {
+    let again = attempt < 5 && !delivered.orphan_age_passed;
+    if again {
+        tokio::time::sleep(Duration::from_micros(500 << attempt)).await;
+    }
+    again
+}

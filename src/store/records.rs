@@ -1,0 +1,187 @@
+//! Job records in the jobs bucket: the read, the one compare-and-set write every
+//! transition goes through (with the size check), what must be stored before a write
+//! (`prepare`), the queue message of a dispatch, and INFO. The operations built on them
+//! live beside: `enqueue.rs`, `fetch.rs`, `transitions.rs`; docs/architecture.md §4 gives
+//! the order of their NATS calls and what a crash between two of them leaves.
+
+use async_nats::jetstream::{context::PublishAckFuture, kv, message::PublishMessage, AckKind};
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::error::backend;
+use super::timers::Timer;
+use super::Store;
+use crate::domain::envelope::too_large;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::{Job, JobRecord, Transition};
+use crate::domain::lifecycle;
+use crate::domain::retry::OnExhaustion;
+use crate::domain::state::JobState;
+
+/// Compare-and-set attempts before an operation gives up under contention.
+pub(super) const MAX_CAS_ATTEMPTS: usize = 16;
+/// What the jobs bucket holds for an id.
+pub(super) enum Lookup {
+    Found(Box<JobRecord>, u64),
+    /// Deleted or purged (a rolled-back batch): its queue messages are spent.
+    Removed,
+    Missing,
+}
+
+/// The body of a queue message: which job, and which dispatch of it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Dispatch {
+    pub(super) id: String,
+    pub(super) dispatch: u64,
+}
+
+/// The record before and after a settling operation (ACK, FAIL, CANCEL).
+#[derive(Debug, Clone)]
+pub struct Settled {
+    pub before: JobRecord,
+    pub after: JobRecord,
+}
+
+impl Store {
+    /// INFO (core §7.7).
+    ///
+    /// # Errors
+    /// 404 for an unknown id.
+    pub async fn info(&self, id: &str) -> Result<Job, OjsError> {
+        match self.read(id).await? {
+            Some((rec, _)) => Ok(rec.job),
+            None => Err(OjsError::not_found("job", id)),
+        }
+    }
+
+    /// Publishes the queue message of the record's current dispatch.
+    pub(super) async fn send_dispatch(
+        &self,
+        rec: &JobRecord,
+    ) -> Result<PublishAckFuture, OjsError> {
+        let t = &self.inner.topology;
+        let body = serde_json::to_vec(&Dispatch {
+            id: rec.job.id.clone(),
+            dispatch: rec.dispatch,
+        })
+        .expect("dispatch serializes");
+        self.inner
+            .js
+            .send_publish(
+                t.queue_subject(&rec.job.queue, rec.job.priority),
+                // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
+                // after an orphaned first attempt needs its message); FETCH drops the spare.
+                PublishMessage::build().payload(body.into()),
+            )
+            .await
+            .map_err(backend("publishing a job to its queue"))
+    }
+
+    /// What must be stored before a transition is written, so that no crash between the two
+    /// can strand the job: the queue message of a new dispatch, the timer of a retry wait,
+    /// the dead-letter entry of a discard into the dead letter queue (whose sequence the
+    /// record then names).
+    pub(super) async fn prepare(
+        &self,
+        before: &JobRecord,
+        after: &mut JobRecord,
+    ) -> Result<(), OjsError> {
+        if after.job.state == JobState::Available && after.dispatch > before.dispatch {
+            self.inner
+                .queues
+                .ensure(&after.job.queue, after.job.priority, Utc::now())
+                .await?;
+            self.send_dispatch(after)
+                .await?
+                .await
+                .map_err(backend("publishing a job to its queue"))?;
+        }
+        if let (JobState::Retryable, Some(due)) = (after.job.state, lifecycle::due_at(after)) {
+            if before.job.state != JobState::Retryable {
+                self.send_timer(&Timer::promote(after, due))
+                    .await?
+                    .await
+                    .map_err(backend("publishing a timer"))?;
+            }
+        }
+        let dead_lettered = after.job.state == JobState::Discarded
+            && before.job.state != JobState::Discarded
+            && after.transition == Transition::Failed
+            && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
+        if dead_lettered {
+            after.dead_letter = Some(self.add_dead_letter(after).await?);
+        }
+        Ok(())
+    }
+
+    /// The record and its revision; `None` for unknown or removed ids.
+    pub(super) async fn read(&self, id: &str) -> Result<Option<(JobRecord, u64)>, OjsError> {
+        Ok(match self.lookup(id).await? {
+            Lookup::Found(rec, revision) => Some((*rec, revision)),
+            Lookup::Removed | Lookup::Missing => None,
+        })
+    }
+
+    pub(super) async fn lookup(&self, id: &str) -> Result<Lookup, OjsError> {
+        if crate::domain::envelope::parse_job_id(id).is_none() {
+            return Ok(Lookup::Missing);
+        }
+        let entry = self
+            .inner
+            .jobs
+            .entry(id)
+            .await
+            .map_err(backend("reading a job"))?;
+        let Some(entry) = entry else {
+            return Ok(Lookup::Missing);
+        };
+        if entry.operation != kv::Operation::Put {
+            return Ok(Lookup::Removed);
+        }
+        let rec = serde_json::from_slice(&entry.value)
+            .map_err(|err| OjsError::backend(format!("job record {id} is unreadable: {err}")))?;
+        Ok(Lookup::Found(Box::new(rec), entry.revision))
+    }
+
+    /// Writes `rec` if the record is still at `revision`. `None` when another writer won.
+    pub(super) async fn write(
+        &self,
+        id: &str,
+        rec: &JobRecord,
+        revision: u64,
+    ) -> Result<Option<u64>, OjsError> {
+        let bytes = rec.to_bytes();
+        if bytes.len() > self.inner.max_record_bytes {
+            let mut err = too_large("job", bytes.len(), self.inner.max_record_bytes);
+            err.message = format!(
+                "This would make job {id} {} bytes, over the maximum of {} bytes: send a smaller result or error.",
+                bytes.len(),
+                self.inner.max_record_bytes
+            );
+            return Err(err);
+        }
+        match self.inner.jobs.update(id, bytes.into(), revision).await {
+            Ok(rev) => Ok(Some(rev)),
+            Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(err) => Err(OjsError::backend(format!(
+                "NATS failed while writing a job: {err}"
+            ))),
+        }
+    }
+}
+
+/// 409 for an operation that lost every compare-and-set round on the job's record.
+pub(super) fn changing_too_fast(id: &str) -> OjsError {
+    OjsError::new(
+        ErrorCode::Conflict,
+        format!("Job '{id}' is changing too fast; retry."),
+    )
+}
+
+/// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.
+pub(super) async fn settle(msg: &async_nats::jetstream::Message, kind: AckKind) {
+    if let Err(err) = msg.ack_with(kind).await {
+        warn!(error = %err, "could not settle a queue message");
+    }
+}

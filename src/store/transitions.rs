@@ -1,0 +1,139 @@
+//! ACK, FAIL, CANCEL and ACTIVATE (core §7.3–§7.5), and the read-decide-write loop every
+//! transition goes through, also those of the timers and dead workers: the decision is a
+//! `domain::lifecycle` function, the write a compare-and-set (docs/architecture.md §4).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use tracing::warn;
+
+use super::records::{changing_too_fast, Settled, MAX_CAS_ATTEMPTS};
+use super::Store;
+use crate::domain::error::OjsError;
+use crate::domain::job::{Job, JobRecord};
+use crate::domain::lifecycle::{self, Failure};
+use crate::domain::state::JobState;
+
+impl Store {
+    /// ACK (core §7.3).
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not active or held by another worker.
+    pub async fn ack(
+        &self,
+        id: &str,
+        worker_id: Option<&str>,
+        result: Option<Value>,
+    ) -> Result<Settled, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| {
+                lifecycle::complete(rec, now, worker_id, result.clone()).map(Some)
+            })
+            .await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// FAIL (core §7.4).
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not active or held by another worker.
+    pub async fn fail(
+        &self,
+        id: &str,
+        worker_id: Option<&str>,
+        failure: &Failure,
+        requeue: bool,
+    ) -> Result<Settled, OjsError> {
+        let jitter = rand::random_range(0.5..1.5);
+        let settled = self
+            .transition(id, |rec, now| {
+                lifecycle::fail(rec, now, worker_id, failure, requeue, jitter).map(Some)
+            })
+            .await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// CANCEL (core §7.6). Cancelling a cancelled job changes nothing.
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 for a completed or discarded job.
+    pub async fn cancel(&self, id: &str) -> Result<Settled, OjsError> {
+        let settled = self.transition(id, lifecycle::cancel).await?;
+        self.release(&settled).await;
+        Ok(settled)
+    }
+
+    /// ACTIVATE (HTTP binding §9.5): a pending job becomes available.
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not pending.
+    pub async fn activate(&self, id: &str) -> Result<Job, OjsError> {
+        let settled = self
+            .transition(id, |rec, now| lifecycle::activate(rec, now).map(Some))
+            .await?;
+        Ok(settled.after.job)
+    }
+
+    /// Reads, decides with `decide`, stores what the decision needs first (`prepare`),
+    /// writes with a revision check, and retries the whole decision when another writer came
+    /// first.
+    pub(super) async fn transition<F>(&self, id: &str, decide: F) -> Result<Settled, OjsError>
+    where
+        F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
+    {
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            // The first try may use the record this gateway wrote last (`recent.rs`).
+            let guess = (attempt == 0).then(|| self.inner.recent.take(id)).flatten();
+            let guessed = guess.is_some();
+            let (before, revision) = match guess {
+                Some(found) => found,
+                None => self
+                    .read(id)
+                    .await?
+                    .ok_or_else(|| OjsError::not_found("job", id))?,
+            };
+            let mut after = match decide(&before, Utc::now()) {
+                Ok(Some(after)) => after,
+                // A remembered record only ever decides a write; a refusal or "nothing to
+                // do" is decided on a fresh read.
+                _ if guessed => continue,
+                Ok(None) => {
+                    return Ok(Settled {
+                        after: before.clone(),
+                        before,
+                    })
+                }
+                Err(err) => return Err(err),
+            };
+            self.prepare(&before, &mut after).await?;
+            if let Some(written) = self.write(id, &after, revision).await? {
+                if after.job.state == JobState::Active {
+                    self.inner.recent.remember(id, after.clone(), written);
+                }
+                return Ok(Settled { before, after });
+            }
+        }
+        Err(changing_too_fast(id))
+    }
+
+    /// After a job leaves `active`, its queue message is acknowledged through the subject
+    /// stored at claim time — from whichever replica runs this. Best effort: a lost ack
+    /// only means JetStream redelivers the message later, and FETCH drops it as spent.
+    pub(super) async fn release(&self, settled: &Settled) {
+        let Some(holder) = &settled.before.holder else {
+            return;
+        };
+        if settled.after.holder.is_some() {
+            return;
+        }
+        if let Err(err) = self
+            .inner
+            .client
+            .publish(holder.ack_subject.clone(), "+ACK".into())
+            .await
+        {
+            warn!(job_id = %settled.after.job.id, error = %err, "could not acknowledge a settled job's message");
+        }
+    }
+}

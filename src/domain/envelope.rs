@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::duration;
 use super::error::{ErrorCode, OjsError};
+use super::fields::{self, missing, type_error};
 use super::job::{Job, SPEC_VERSION};
 use super::retry::RetryPolicy;
 use super::state::JobState;
@@ -116,11 +117,7 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
     for key in SYSTEM_FIELDS {
         obj.remove(*key);
     }
-    let options = match obj.remove("options") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(other) => return Err(type_error("options", "an object", &other)),
-    };
+    let options = fields::take_object(&mut obj, "options")?;
     let mut top_options = Map::new();
     for key in OPTION_KEYS {
         if let Some(v) = obj.remove(*key) {
@@ -132,43 +129,31 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         fallback: top_options,
     };
 
-    let job_type = match obj.remove("type") {
-        Some(Value::String(s)) => s,
-        None | Some(Value::Null) => {
-            return Err(OjsError::invalid("type", "Missing required field 'type'."))
-        }
-        Some(other) => return Err(type_error("type", "a string", &other)),
-    };
+    let job_type = fields::take_string(&mut obj, "type")?
+        .ok_or_else(|| missing("type", "the job's type, e.g. email.send"))?;
     validate_type(&job_type)?;
 
     let args = match obj.remove("args") {
         Some(Value::Array(a)) => a,
-        None | Some(Value::Null) => {
-            return Err(OjsError::invalid(
-                "args",
-                "Missing required field 'args' (a JSON array).",
-            ))
+        other => {
+            return Err(match fields::present(other.as_ref()) {
+                None => missing("args", "a JSON array"),
+                Some(v) => type_error("args", "a JSON array", v),
+            })
         }
-        Some(other) => return Err(type_error("args", "a JSON array", &other)),
     };
 
-    let id = match obj.remove("id") {
-        None | Some(Value::Null) => new_id.hyphenated().to_string(),
-        Some(Value::String(s)) => parse_job_id(&s)
-            .ok_or_else(|| OjsError::invalid("id", format!("id must be a UUIDv7, got {s:?}.")))?,
-        Some(other) => return Err(type_error("id", "a UUIDv7 string", &other)),
+    let id = match fields::take_string(&mut obj, "id")? {
+        None => new_id.hyphenated().to_string(),
+        Some(s) => parse_job_id(&s).ok_or_else(|| {
+            OjsError::invalid("id", format!("id must be a lowercase UUIDv7, got {s:?}."))
+        })?,
     };
 
-    let mut meta = match obj.remove("meta") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(other) => return Err(type_error("meta", "an object", &other)),
-    };
+    let mut meta = fields::take_object(&mut obj, "meta")?;
     for key in ["metadata", "meta"] {
-        match opts.primary.get(key) {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) => meta.extend(m.clone()),
-            Some(other) => return Err(type_error(&format!("options.{key}"), "an object", other)),
+        if let Some(m) = fields::object(opts.primary.get(key), &format!("options.{key}"))? {
+            meta.extend(m.clone());
         }
     }
 
@@ -177,8 +162,8 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         return Err(too_large("meta", meta_bytes, MAX_META_BYTES));
     }
 
-    match obj.remove("specversion") {
-        None | Some(Value::Null) => {}
+    match fields::present(obj.remove("specversion").as_ref()) {
+        None => {}
         Some(Value::String(v)) if v == SPEC_VERSION || v == "1.0" => {}
         Some(other) => {
             return Err(OjsError::invalid(
@@ -187,11 +172,7 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
             ))
         }
     }
-    let schema = match obj.remove("schema") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(other) => return Err(type_error("schema", "a URI string", &other)),
-    };
+    let schema = fields::take_string(&mut obj, "schema")?;
 
     let queue = match opts.get("queue") {
         None => "default".to_string(),
@@ -332,26 +313,6 @@ impl Options {
             .get(key)
             .or_else(|| self.fallback.get(key))
             .filter(|v| !v.is_null())
-    }
-}
-
-fn type_error(field: &str, expected: &str, got: &Value) -> OjsError {
-    OjsError::invalid(
-        field,
-        format!("{field} must be {expected}, got {}.", json_kind(got)),
-    )
-    .with_detail("expected", expected)
-    .with_detail("received", json_kind(got))
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 

@@ -8,12 +8,14 @@ pub mod duration;
 pub mod envelope;
 pub mod error;
 pub mod event;
+pub mod fields;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod horizon;
 pub mod job;
 pub mod lanes;
 pub mod lifecycle;
+pub mod requests;
 pub mod retention;
 pub mod retry;
 pub mod state;

@@ -6,8 +6,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{respond, truncated, ApiError, SharedState};
+use super::{respond, ApiError, SharedState};
 use crate::domain::error::OjsError;
+use crate::domain::fields::truncated;
 use crate::domain::worker::is_worker_id;
 use crate::store::WorkerState;
 

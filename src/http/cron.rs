@@ -8,9 +8,10 @@ use chrono::Utc;
 use serde_json::json;
 
 use super::extract::JsonObject;
-use super::{respond, truncated, ApiError, SharedState};
+use super::{respond, ApiError, SharedState};
 use crate::domain::cron::{is_entry_name, CronEntry};
 use crate::domain::error::OjsError;
+use crate::domain::fields::truncated;
 
 pub async fn register(
     State(state): State<SharedState>,

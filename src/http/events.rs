@@ -7,9 +7,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{respond, truncated, ApiError, SharedState};
+use super::{respond, ApiError, SharedState};
 use crate::domain::envelope::validate_type;
 use crate::domain::error::OjsError;
+use crate::domain::fields::truncated;
 use crate::store::EventQuery;
 
 const DEFAULT_LIMIT: usize = 100;

@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::fields::truncated;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 pub use error::ApiError;
@@ -194,12 +195,4 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
 fn job_id(raw: &str) -> Result<String, OjsError> {
     crate::domain::envelope::parse_job_id(raw)
         .ok_or_else(|| OjsError::not_found("job", &truncated(raw)))
-}
-
-/// A client's string as error messages quote it: at most 64 characters.
-fn truncated(s: &str) -> String {
-    match s.char_indices().nth(64) {
-        Some((end, _)) => format!("{}…", &s[..end]),
-        None => s.to_owned(),
-    }
 }

@@ -17,6 +17,7 @@ use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, Transition};
 use crate::domain::lifecycle::Delivery;
+use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
 
 /// A queue message whose job record does not show up within this time came from an enqueue
@@ -24,19 +25,6 @@ use crate::domain::state::JobState;
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
-
-/// A FETCH (core §7.2).
-#[derive(Debug, Clone)]
-pub struct FetchRequest {
-    /// Queues in the order to try them.
-    pub queues: Vec<String>,
-    pub count: usize,
-    pub worker_id: Option<String>,
-    /// Reservation for these jobs; else the job's own, else the server default.
-    pub visibility: Option<Duration>,
-    /// How long an empty FETCH may wait for a job to arrive (long polling).
-    pub wait: Option<Duration>,
-}
 
 /// What a FETCH has claimed so far, and the first failure.
 #[derive(Default)]

@@ -37,14 +37,13 @@ pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
-pub use fetch::FetchRequest;
 pub use lease::Lease;
 pub use pruner::{StoredWrite, WriteBody};
 use queues::QueueRegistry;
 pub use records::Settled;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
-pub use workers::{Beat, BeatReply, WorkerRecord, WorkerState};
+pub use workers::{BeatReply, WorkerRecord, WorkerState};
 
 /// Unacknowledged JetStream publishes allowed at once. async-nats makes a publish wait when
 /// its cap is reached; a batch PUSH publishes all its queue messages before awaiting any

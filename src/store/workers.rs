@@ -17,6 +17,7 @@ use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Transition;
 use crate::domain::lifecycle;
+use crate::domain::requests::BeatRequest;
 use crate::domain::state::JobState;
 use crate::domain::time;
 pub use crate::domain::worker::WorkerState;
@@ -38,19 +39,6 @@ pub struct WorkerRecord {
     /// What else the worker said about itself (hostname, pid, queues, concurrency, labels).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub info: Map<String, Value>,
-}
-
-/// One heartbeat.
-#[derive(Debug, Clone)]
-pub struct Beat {
-    pub worker_id: String,
-    pub active_job_ids: Vec<String>,
-    pub reported_state: Option<String>,
-    /// New reservation for the listed jobs; else each job's own, else the server default.
-    pub visibility: Option<Duration>,
-    pub info: Map<String, Value>,
-    /// Honour `meta.test_directive` of listed jobs (conformance switch only).
-    pub test_directives: bool,
 }
 
 /// What the server answers a heartbeat.
@@ -80,7 +68,13 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn heartbeat(&self, beat: &Beat) -> Result<BeatReply, OjsError> {
+    /// `test_directives` honours `meta.test_directive` of listed jobs (conformance switch
+    /// only).
+    pub async fn heartbeat(
+        &self,
+        beat: &BeatRequest,
+        test_directives: bool,
+    ) -> Result<BeatReply, OjsError> {
         let visibility = beat.visibility;
         let default_visibility = self.inner.visibility_timeout;
         let extended = beat.active_job_ids.iter().map(|id| async move {
@@ -109,7 +103,7 @@ impl Store {
                     if s.after.job.state == JobState::Cancelled {
                         reply.jobs_cancelled.push(id.clone());
                     }
-                    if beat.test_directives {
+                    if test_directives {
                         let hook = s
                             .after
                             .job
@@ -142,7 +136,7 @@ impl Store {
     }
 
     /// Updates the worker's entry, keeping the operator's directive.
-    async fn record_beat(&self, beat: &Beat) -> Result<WorkerRecord, OjsError> {
+    async fn record_beat(&self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
         let now = Utc::now();
         self.update_worker(&beat.worker_id, |current| {
             let mut rec = current.unwrap_or_else(|| WorkerRecord {

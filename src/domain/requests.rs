@@ -1,0 +1,338 @@
+//! The worker side's requests (FETCH, ACK, FAIL, BEAT; core §7.2–§7.5, HTTP binding §10):
+//! every rule for their fields, as `envelope.rs` holds PUSH's. Pure; the handlers in
+//! `http/workers.rs` only call these and the store.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::envelope::{parse_job_id, too_large, validate_queue};
+use super::error::OjsError;
+use super::fields::{self, missing, present, truncated};
+use super::lifecycle::{Failure, MAX_ERROR_BYTES};
+use super::worker::validate_worker_id;
+
+/// Most jobs one FETCH may claim.
+pub const MAX_FETCH: u64 = 1000;
+/// Longest an empty FETCH may wait for a job (`wait_ms`); short enough for load balancers'
+/// idle timeouts and a graceful shutdown.
+pub const MAX_FETCH_WAIT_MS: u64 = 10_000;
+/// Fields of a heartbeat kept on the worker's entry as it sent them.
+const WORKER_INFO: [&str; 6] = [
+    "hostname",
+    "pid",
+    "queues",
+    "concurrency",
+    "labels",
+    "started_at",
+];
+
+/// A FETCH (core §7.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchRequest {
+    /// Queues in the order to try them.
+    pub queues: Vec<String>,
+    pub count: usize,
+    pub worker_id: Option<String>,
+    /// Reservation for these jobs; else the job's own, else the server default.
+    pub visibility: Option<Duration>,
+    /// How long an empty FETCH may wait for a job to arrive (long polling).
+    pub wait: Option<Duration>,
+}
+
+/// An ACK (core §7.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckRequest {
+    pub job_id: String,
+    pub worker_id: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// A FAIL (core §7.4); `requeue: true` puts the job straight back (digest §5 #22).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailRequest {
+    pub job_id: String,
+    pub worker_id: Option<String>,
+    pub failure: Failure,
+    pub requeue: bool,
+}
+
+/// A BEAT (worker protocol §4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeatRequest {
+    pub worker_id: String,
+    /// Valid job ids named in any of the accepted fields, sorted, once each.
+    pub active_job_ids: Vec<String>,
+    pub reported_state: Option<String>,
+    /// New reservation for the listed jobs; else each job's own, else the server default.
+    pub visibility: Option<Duration>,
+    pub info: Map<String, Value>,
+}
+
+/// # Errors
+/// 400 naming the first field that breaks a rule.
+pub fn fetch(body: &Map<String, Value>) -> Result<FetchRequest, OjsError> {
+    let listed = fields::array(body.get("queues"), "queues", "an array of queue names")?;
+    let queues = match listed {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .map(|q| {
+                let q = q.as_str().ok_or_else(|| {
+                    OjsError::invalid("queues", "queues must be an array of queue names.")
+                })?;
+                validate_queue(q)?;
+                Ok(q.to_owned())
+            })
+            .collect::<Result<Vec<_>, OjsError>>()?,
+        _ => return Err(missing("queues", "a non-empty array of queue names")),
+    };
+    let count = fields::integer(body.get("count"), "count", 1..=MAX_FETCH)?.unwrap_or(1);
+    let wait = fields::integer(body.get("wait_ms"), "wait_ms", 0..=MAX_FETCH_WAIT_MS)?;
+    Ok(FetchRequest {
+        queues,
+        count: count as usize,
+        worker_id: worker_id(body)?,
+        visibility: fields::millis(body.get("visibility_timeout_ms"), "visibility_timeout_ms")?,
+        wait: wait.map(Duration::from_millis),
+    })
+}
+
+/// # Errors
+/// 400 for a missing or mistyped field, 404 for a `job_id` that is no job id.
+pub fn ack(body: &Map<String, Value>) -> Result<AckRequest, OjsError> {
+    Ok(AckRequest {
+        job_id: job_id(body)?,
+        worker_id: worker_id(body)?,
+        result: body.get("result").cloned(),
+    })
+}
+
+/// # Errors
+/// 400 for a missing or mistyped field, 404 for a `job_id` that is no job id, 413 for an
+/// `error` over `MAX_ERROR_BYTES`.
+pub fn fail(body: &Map<String, Value>) -> Result<FailRequest, OjsError> {
+    Ok(FailRequest {
+        job_id: job_id(body)?,
+        worker_id: worker_id(body)?,
+        failure: failure(body)?,
+        requeue: fields::boolean(body.get("requeue"), "requeue")?.unwrap_or(false),
+    })
+}
+
+/// Accepts both request shapes: `active_jobs` as the id list, or as a count with
+/// `active_job_ids` beside it (and a single `job_id`). An id that is no job id cannot name
+/// a job this worker holds, so it is left out rather than refused.
+///
+/// # Errors
+/// 400 for a missing `worker_id` or a mistyped field.
+pub fn heartbeat(body: &Map<String, Value>) -> Result<BeatRequest, OjsError> {
+    let worker_id = worker_id(body)?.ok_or_else(|| missing("worker_id", "the worker's id"))?;
+    let mut ids = Vec::new();
+    for key in ["active_jobs", "active_job_ids"] {
+        if let Some(Value::Number(_)) = body.get(key) {
+            continue; // a count; the ids come in `active_job_ids`
+        }
+        for v in fields::array(body.get(key), key, "an array of job ids")?.unwrap_or_default() {
+            let id = v.as_str().ok_or_else(|| {
+                OjsError::invalid(key, format!("{key} must list job ids as strings."))
+            })?;
+            ids.extend(parse_job_id(id));
+        }
+    }
+    if let Some(id) = fields::non_empty_string(body.get("job_id"), "job_id")? {
+        ids.extend(parse_job_id(id));
+    }
+    ids.sort();
+    ids.dedup();
+    let info = WORKER_INFO
+        .into_iter()
+        .filter_map(|k| body.get(k).map(|v| (k.to_owned(), v.clone())))
+        .collect();
+    Ok(BeatRequest {
+        worker_id,
+        active_job_ids: ids,
+        reported_state: fields::non_empty_string(body.get("state"), "state")?.map(str::to_owned),
+        visibility: fields::millis(body.get("visibility_timeout_ms"), "visibility_timeout_ms")?,
+        info,
+    })
+}
+
+/// The `error` object of a FAIL (core §8): `message` required, `code` defaults to
+/// `handler_error`, `retryable` to true.
+fn failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
+    let Some(e) = fields::object(body.get("error"), "error")? else {
+        return Err(missing("error", "an object with code and message"));
+    };
+    let bytes = serde_json::to_vec(e).map_or(0, |b| b.len());
+    if bytes > MAX_ERROR_BYTES {
+        return Err(too_large("error", bytes, MAX_ERROR_BYTES));
+    }
+    let text = |key: &str| -> Result<Option<String>, OjsError> {
+        Ok(fields::string(e.get(key), &format!("error.{key}"))?.map(str::to_owned))
+    };
+    Ok(Failure {
+        code: text("code")?.unwrap_or_else(|| "handler_error".into()),
+        message: text("message")?.ok_or_else(|| missing("error.message", "what went wrong"))?,
+        retryable: fields::boolean(e.get("retryable"), "error.retryable")?.unwrap_or(true),
+        error_type: text("type")?,
+        details: fields::object(e.get("details"), "error.details")?
+            .map(|d| Value::Object(d.clone())),
+        backtrace: present(e.get("backtrace")).cloned(),
+    })
+}
+
+/// The required `job_id`; one that is no job id names no job (404).
+fn job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
+    let id = fields::string(body.get("job_id"), "job_id")?
+        .ok_or_else(|| missing("job_id", "the job's id"))?;
+    parse_job_id(id).ok_or_else(|| OjsError::not_found("job", &truncated(id)))
+}
+
+/// `worker_id`, if given, within the bounds of `validate_worker_id`.
+fn worker_id(body: &Map<String, Value>) -> Result<Option<String>, OjsError> {
+    let id = fields::non_empty_string(body.get("worker_id"), "worker_id")?;
+    if let Some(id) = id {
+        validate_worker_id(id, "worker_id")?;
+    }
+    Ok(id.map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::error::ErrorCode;
+
+    const ID: &str = "019539a4-0000-7000-8000-000000000000";
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn fetch_defaults_to_one_job_without_waiting() {
+        let req = fetch(&body(json!({"queues": ["a", "b"], "count": null}))).unwrap();
+        assert_eq!(req.queues, ["a", "b"]);
+        assert_eq!((req.count, req.wait, req.visibility), (1, None, None));
+        assert_eq!(req.worker_id, None);
+    }
+
+    #[test]
+    fn fetch_reads_count_wait_visibility_and_worker() {
+        let req = fetch(&body(json!({"queues": ["a"], "count": 1000, "wait_ms": 0,
+            "visibility_timeout_ms": 5000, "worker_id": "w1"})))
+        .unwrap();
+        assert_eq!(req.count, 1000);
+        assert_eq!(req.wait, Some(Duration::ZERO));
+        assert_eq!(req.visibility, Some(Duration::from_secs(5)));
+        assert_eq!(req.worker_id.as_deref(), Some("w1"));
+    }
+
+    #[test]
+    fn fetch_refuses_what_breaks_a_bound() {
+        for (bad, field) in [
+            (json!({}), "queues"),
+            (json!({"queues": []}), "queues"),
+            (json!({"queues": "a"}), "queues"),
+            (json!({"queues": [1]}), "queues"),
+            (json!({"queues": ["A"]}), "queue"),
+            (json!({"queues": ["a"], "count": 0}), "count"),
+            (json!({"queues": ["a"], "count": 1001}), "count"),
+            (json!({"queues": ["a"], "wait_ms": 10_001}), "wait_ms"),
+            (
+                json!({"queues": ["a"], "visibility_timeout_ms": 0}),
+                "visibility_timeout_ms",
+            ),
+            (json!({"queues": ["a"], "worker_id": ""}), "worker_id"),
+        ] {
+            let err = fetch(&body(bad.clone())).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{bad}");
+            assert_eq!(err.details["field"], field, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ack_needs_a_job_id_and_a_foreign_one_names_no_job() {
+        let req = ack(&body(json!({"job_id": ID, "result": {"n": 1}}))).unwrap();
+        assert_eq!(req.job_id, ID);
+        assert_eq!(req.result, Some(json!({"n": 1})));
+        assert_eq!(
+            ack(&body(json!({}))).unwrap_err().code,
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            ack(&body(json!({"job_id": "nope"}))).unwrap_err().code,
+            ErrorCode::NotFound
+        );
+    }
+
+    #[test]
+    fn fail_reads_the_error_with_its_defaults() {
+        let req = fail(&body(json!({"job_id": ID, "error": {"message": "boom"}}))).unwrap();
+        assert_eq!(req.failure.code, "handler_error");
+        assert!(req.failure.retryable);
+        assert!(!req.requeue);
+        let req = fail(&body(
+            json!({"job_id": ID, "requeue": true, "error": {"message": "m",
+            "code": "c", "type": "T", "retryable": false, "details": {"k": 1},
+            "backtrace": ["f1"]}}),
+        ))
+        .unwrap();
+        assert!(req.requeue);
+        assert_eq!(req.failure.code, "c");
+        assert_eq!(req.failure.error_type.as_deref(), Some("T"));
+        assert!(!req.failure.retryable);
+        assert_eq!(req.failure.details, Some(json!({"k": 1})));
+        assert_eq!(req.failure.backtrace, Some(json!(["f1"])));
+    }
+
+    #[test]
+    fn fail_refuses_a_missing_mistyped_or_oversized_error() {
+        for (bad, field) in [
+            (json!({"job_id": ID}), "error"),
+            (json!({"job_id": ID, "error": "boom"}), "error"),
+            (json!({"job_id": ID, "error": {}}), "error.message"),
+            (
+                json!({"job_id": ID, "error": {"message": 1}}),
+                "error.message",
+            ),
+            (
+                json!({"job_id": ID, "error": {"message": "m", "retryable": "no"}}),
+                "error.retryable",
+            ),
+            (
+                json!({"job_id": ID, "error": {"message": "m", "details": []}}),
+                "error.details",
+            ),
+            (
+                json!({"job_id": ID, "error": {"message": "m"}, "requeue": 1}),
+                "requeue",
+            ),
+        ] {
+            let err = fail(&body(bad.clone())).unwrap_err();
+            assert_eq!(err.details["field"], field, "{bad}");
+        }
+        let big = "x".repeat(MAX_ERROR_BYTES);
+        let err = fail(&body(json!({"job_id": ID, "error": {"message": big}}))).unwrap_err();
+        assert_eq!(err.code, ErrorCode::EnvelopeTooLarge);
+    }
+
+    #[test]
+    fn heartbeat_takes_both_shapes_and_keeps_only_job_ids() {
+        let other = "019539a4-0000-7000-8000-000000000001";
+        let a = heartbeat(&body(
+            json!({"worker_id": "w", "active_jobs": [ID, "junk", ID]}),
+        ))
+        .unwrap();
+        let b = heartbeat(&body(json!({"worker_id": "w", "active_jobs": 2,
+            "active_job_ids": [other], "job_id": ID, "hostname": "h", "other": 1})))
+        .unwrap();
+        assert_eq!(a.active_job_ids, [ID]);
+        assert_eq!(b.active_job_ids, [ID, other]);
+        assert_eq!(b.info, body(json!({"hostname": "h"})));
+        assert!(heartbeat(&body(json!({"active_jobs": []}))).is_err());
+        assert!(heartbeat(&body(json!({"worker_id": "w", "active_jobs": [1]}))).is_err());
+        assert!(heartbeat(&body(json!({"worker_id": "w", "active_jobs": "x"}))).is_err());
+    }
+}

@@ -71,7 +71,7 @@ pub async fn run(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|e| OjsError::backend(format!("HTTP server failed: {e}")))?;
+        .map_err(|e| OjsError::backend("The HTTP server failed.").with_source(e))?;
 
     cancel.cancel();
     tasks.close();

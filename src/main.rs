@@ -74,7 +74,7 @@ async fn run() -> ExitCode {
     match app::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("{err}");
+            eprintln!("{}", err.with_causes());
             ExitCode::FAILURE
         }
     }

@@ -27,6 +27,12 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
     assert!(r.status.is_server_error(), "{}", r.status);
     assert_eq!(r.body["error"]["code"], "backend_error");
     assert_eq!(r.body["error"]["retryable"], true);
+    // The body says what failed; NATS's own error text stays in the gateway's log.
+    let message = r.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("NATS failed while") && !message.contains(": "),
+        "{message}"
+    );
     nats.restart();
     eventually(Duration::from_secs(15), "recovery", || async {
         (app.get("/ojs/v1/health").await.status == 200).then_some(())

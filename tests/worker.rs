@@ -510,11 +510,16 @@ async fn middleware_runs_in_chain_order_and_can_refuse() {
         app.fetch(&["mw-refused"], "w").await.is_empty(),
         "a refused job was sent"
     );
-    let err = client
-        .get("019539a4-0000-7000-8000-000000000000")
-        .await
-        .unwrap_err();
+    const ID: &str = "019539a4-0000-7000-8000-000000000000";
+    let err = client.get(ID).await.unwrap_err();
     assert_eq!(err.code(), Some("not_found"));
+    assert!(!err.retryable() && !err.is_timeout());
+    let unreachable = Client::new("http://127.0.0.1:9").get(ID).await.unwrap_err();
+    assert!(
+        matches!(unreachable, ClientError::Transport(_)),
+        "{unreachable:?}"
+    );
+    assert!(unreachable.retryable() && !unreachable.is_timeout());
 
     let trail = Arc::new(Mutex::new(Vec::new()));
     let ok = app

@@ -79,9 +79,12 @@ pub enum ClientError {
         message: String,
         body: Value,
     },
-    /// No answer (connection refused, timeout) or an unreadable one.
+    /// No answer: the connection was refused, broke or timed out.
     #[error("transport: {0}")]
-    Transport(String),
+    Transport(#[source] reqwest::Error),
+    /// An answer that is not the JSON the binding promises.
+    #[error("unreadable answer: {0}")]
+    Unreadable(#[source] serde_json::Error),
     /// An enqueue middleware refused the job.
     #[error("refused by middleware: {0}")]
     Refused(String),
@@ -93,6 +96,21 @@ impl ClientError {
         match self {
             ClientError::Server { code, .. } => Some(code),
             _ => None,
+        }
+    }
+
+    /// The request timed out without an answer.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ClientError::Transport(e) if e.is_timeout())
+    }
+
+    /// Whether the same request may succeed if sent again: as the server's error says, and
+    /// always when no answer came.
+    pub fn retryable(&self) -> bool {
+        match self {
+            ClientError::Server { body, .. } => body["error"]["retryable"] == true,
+            ClientError::Transport(_) => true,
+            ClientError::Unreadable(_) | ClientError::Refused(_) => false,
         }
     }
 }
@@ -295,20 +313,13 @@ impl Client {
                 .header("content-type", "application/openjobspec+json")
                 .body(body.to_string());
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let resp = req.send().await.map_err(ClientError::Transport)?;
         let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
         let body: Value = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes)
-                .map_err(|e| ClientError::Transport(format!("unreadable answer: {e}")))?
+            serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)?
         };
         if (200..300).contains(&status) {
             return Ok(body);

@@ -651,7 +651,7 @@ mod tests {
     #[test]
     fn bad_retry_policy_is_unprocessable() {
         let e = err(json!({"type": "a", "args": [], "options": {"retry": {"max_attempts": -1}}}));
-        assert!(e.semantic);
+        assert_eq!(e.category, crate::domain::error::Category::Semantic);
         assert!(e.message.contains("max_attempts"));
     }
 

@@ -1,6 +1,8 @@
 //! OJS error vocabulary (HTTP binding §16.3, errors spec): what went wrong in terms a client
 //! can branch on. How a code becomes an HTTP status lives in `http::error`, once.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 /// The machine-readable error codes this server emits.
@@ -71,16 +73,40 @@ impl ErrorCode {
     }
 }
 
-/// An OJS error: code, message and structured details.
-#[derive(Debug, Clone, PartialEq)]
+/// Any error, as the source of an `OjsError`.
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What an error is beyond its code: the body's `type`, and 400 or 422 for
+/// `invalid_request`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// The code says it all; it is also the body's `type`.
+    Plain,
+    /// A field breaks a rule: 400 with `type: "validation_error"`.
+    Validation,
+    /// Well-formed but semantically invalid (a retry policy): 422 with
+    /// `type: "validation_error"`.
+    Semantic,
+}
+
+/// An OJS error: code, message and structured details, and for a backend failure the error
+/// it came from, which is logged but never sent to the client.
+#[derive(Debug, Clone)]
 pub struct OjsError {
     pub code: ErrorCode,
+    /// Says what failed, in the client's terms.
     pub message: String,
     pub details: Map<String, Value>,
-    /// A validation failure (`type: "validation_error"`).
-    pub validation: bool,
-    /// Syntactically fine but semantically invalid (a retry policy), answered with 422.
-    pub semantic: bool,
+    pub category: Category,
+    pub source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Equal when a client could not tell them apart: the source is not compared.
+impl PartialEq for OjsError {
+    fn eq(&self, other: &Self) -> bool {
+        (self.code, &self.message, &self.details, self.category)
+            == (other.code, &other.message, &other.details, other.category)
+    }
 }
 
 impl OjsError {
@@ -89,15 +115,15 @@ impl OjsError {
             code,
             message: message.into(),
             details: Map::new(),
-            validation: false,
-            semantic: false,
+            category: Category::Plain,
+            source: None,
         }
     }
 
     /// An invalid field: 400 `invalid_request` naming the field.
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         let mut e = OjsError::new(ErrorCode::InvalidRequest, message);
-        e.validation = true;
+        e.category = Category::Validation;
         e.details.insert("field".into(), Value::from(field));
         e
     }
@@ -105,7 +131,7 @@ impl OjsError {
     /// A semantically invalid option (retry policy): 422 with `type: "validation_error"`.
     pub fn unprocessable(field: &str, message: impl Into<String>) -> Self {
         let mut e = OjsError::invalid(field, message);
-        e.semantic = true;
+        e.category = Category::Semantic;
         e
     }
 
@@ -119,6 +145,25 @@ impl OjsError {
         OjsError::new(ErrorCode::BackendError, message)
     }
 
+    /// Keeps the error this one came from, for the log.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxedError>) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    /// The message followed by every source in the chain: what the log shows.
+    pub fn with_causes(&self) -> String {
+        let mut text = self.message.trim_end_matches('.').to_owned();
+        let mut next = std::error::Error::source(self);
+        while let Some(cause) = next {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        text
+    }
+
     #[must_use]
     pub fn with_detail(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.details.insert(key.into(), value.into());
@@ -127,10 +172,9 @@ impl OjsError {
 
     /// The `type` field of the error body: the category, or the code itself.
     pub fn kind(&self) -> &'static str {
-        if self.validation {
-            "validation_error"
-        } else {
-            self.code.as_str()
+        match self.category {
+            Category::Validation | Category::Semantic => "validation_error",
+            Category::Plain => self.code.as_str(),
         }
     }
 }
@@ -141,4 +185,39 @@ impl std::fmt::Display for OjsError {
     }
 }
 
-impl std::error::Error for OjsError {}
+impl std::error::Error for OjsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_category_decides_the_type() {
+        assert_eq!(OjsError::invalid("f", "m").kind(), "validation_error");
+        assert_eq!(OjsError::unprocessable("f", "m").kind(), "validation_error");
+        assert_eq!(OjsError::not_found("job", "x").kind(), "not_found");
+        assert_eq!(
+            OjsError::unprocessable("f", "m").category,
+            Category::Semantic
+        );
+    }
+
+    #[test]
+    fn a_source_is_logged_with_its_chain_but_does_not_change_the_error() {
+        let io = std::io::Error::other("connection reset");
+        let err = OjsError::backend("NATS failed while writing a job.").with_source(io);
+        assert_eq!(err.message, "NATS failed while writing a job.");
+        assert_eq!(
+            err.with_causes(),
+            "NATS failed while writing a job: connection reset"
+        );
+        assert_eq!(err, OjsError::backend("NATS failed while writing a job."));
+        assert!(std::error::Error::source(&err).is_some());
+    }
+}

@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn invalid_max_attempts_names_the_field() {
         let err = RetryPolicy::from_value(&json!({"max_attempts": -1})).unwrap_err();
-        assert!(err.semantic && err.validation);
+        assert_eq!(err.category, crate::domain::error::Category::Semantic);
         assert!(err.message.contains("max_attempts"));
     }
 

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::respond;
-use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::error::{Category, ErrorCode, OjsError};
 
 /// An error leaving a handler.
 #[derive(Debug)]
@@ -21,7 +21,9 @@ impl From<OjsError> for ApiError {
 pub fn status(e: &OjsError) -> StatusCode {
     match e.code {
         ErrorCode::InvalidPayload => StatusCode::BAD_REQUEST,
-        ErrorCode::InvalidRequest if e.semantic => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::InvalidRequest if e.category == Category::Semantic => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
         ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::Duplicate | ErrorCode::Conflict => StatusCode::CONFLICT,

@@ -165,7 +165,7 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
     }
     if let Some(err) = response.extensions_mut().remove::<OjsError>() {
         if response.status().is_server_error() {
-            error!(request_id = %request_id, %method, route = %route, error = %err, "request failed");
+            error!(request_id = %request_id, %method, route = %route, error = %err.with_causes(), "request failed");
         }
         let status = response.status();
         let mut rendered = respond(status, &error::body(&err, Some(&request_id)));

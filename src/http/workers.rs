@@ -23,7 +23,7 @@ pub async fn fetch(
     let store = state.store.clone();
     let jobs = tokio::spawn(async move { store.fetch(&req).await })
         .await
-        .map_err(|e| OjsError::backend(format!("fetch task failed: {e}")))??;
+        .map_err(|e| OjsError::backend("The fetch task failed.").with_source(e))??;
     Ok(respond(StatusCode::OK, &json!({ "jobs": jobs })))
 }
 

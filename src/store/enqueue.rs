@@ -125,7 +125,8 @@ impl Store {
                 .with_detail("job_id", id.as_str())
                 .with_detail("index", index)
             } else {
-                OjsError::backend(format!("NATS failed while creating a job record: {err}"))
+                OjsError::backend("NATS failed while creating a job record.")
+                    .with_source(err.to_string())
             };
             let stranded = self.roll_back(&records, &results).await;
             if !stranded.is_empty() {

@@ -1,6 +1,6 @@
 //! NATS failures become `backend_error`s here, once, with the operation named.
 
-use crate::domain::error::OjsError;
+use crate::domain::error::{BoxedError, OjsError};
 
 /// Awaits publish acknowledgements sent without waiting (pipelined); the first failure
 /// becomes a backend error naming what was being done.
@@ -15,7 +15,8 @@ pub(super) async fn all_stored(
     Ok(())
 }
 
-/// Wraps any NATS error as a retryable backend error naming what was being done.
-pub fn backend<E: std::fmt::Display>(doing: &'static str) -> impl FnOnce(E) -> OjsError {
-    move |err| OjsError::backend(format!("NATS failed while {doing}: {err}"))
+/// Wraps any NATS error as a retryable backend error naming what was being done; the NATS
+/// error is kept for the log, not shown to the client.
+pub fn backend<E: Into<BoxedError>>(doing: &'static str) -> impl FnOnce(E) -> OjsError {
+    move |err| OjsError::backend(format!("NATS failed while {doing}.")).with_source(err)
 }

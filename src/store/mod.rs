@@ -346,10 +346,10 @@ pub(crate) async fn ensure_stream(
     match js.get_stream(&name).await {
         Ok(stream) => Ok(stream),
         Err(open_err) => Err(match created {
-            Err(err) => OjsError::backend(format!("NATS refused stream {name}: {err}")),
-            Ok(_) => OjsError::backend(format!(
-                "NATS failed while opening stream {name}: {open_err}"
-            )),
+            Err(err) => OjsError::backend(format!("NATS failed while creating stream {name}."))
+                .with_source(err),
+            Ok(_) => OjsError::backend(format!("NATS failed while opening stream {name}."))
+                .with_source(open_err),
         }),
     }
 }

@@ -139,8 +139,9 @@ impl Store {
         if entry.operation != kv::Operation::Put {
             return Ok(Lookup::Removed);
         }
-        let rec = serde_json::from_slice(&entry.value)
-            .map_err(|err| OjsError::backend(format!("job record {id} is unreadable: {err}")))?;
+        let rec = serde_json::from_slice(&entry.value).map_err(|err| {
+            OjsError::backend(format!("Job record {id} is unreadable.")).with_source(err)
+        })?;
         Ok(Lookup::Found(Box::new(rec), entry.revision))
     }
 
@@ -164,9 +165,7 @@ impl Store {
         match self.inner.jobs.update(id, bytes.into(), revision).await {
             Ok(rev) => Ok(Some(rev)),
             Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-            Err(err) => Err(OjsError::backend(format!(
-                "NATS failed while writing a job: {err}"
-            ))),
+            Err(err) => Err(OjsError::backend("NATS failed while writing a job.").with_source(err)),
         }
     }
 }

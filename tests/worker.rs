@@ -19,21 +19,40 @@ use ojs_jetstream::worker::{
 };
 use serde_json::{json, Value};
 
-/// An example binary built by `cargo test` next to this test's own binary.
+/// An example binary, next to this test's own binary. Built here first, so that running
+/// this file alone (`cargo test --test worker`) never runs a stale or missing one; after a
+/// whole `cargo test` the build has nothing to do.
 fn example(name: &str) -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the whole `cargo test`, which builds the examples",
-        path.display()
-    );
+    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    BUILT.get_or_init(|| {
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args(["build", "--examples"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // What cargo sets for a test process only: build scripts that see it differ from
+        // the outer build's would rebuild their crates, and the next `cargo test` again.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CARGO_PKG_")
+                || key.starts_with("CARGO_MANIFEST_")
+                || key.starts_with("CARGO_BIN_EXE_")
+                || key == "LD_LIBRARY_PATH"
+            {
+                build.env_remove(key.as_ref());
+            }
+        }
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        assert!(
+            build.status().expect("run cargo").success(),
+            "building the examples failed"
+        );
+    });
+    let path = profile_dir.join("examples").join(name);
+    assert!(path.exists(), "{} is missing", path.display());
     path
 }
 

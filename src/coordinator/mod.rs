@@ -6,7 +6,7 @@ mod cron;
 mod deadline_watch;
 mod event_publisher;
 mod pruner;
-mod scheduler;
+mod timer_scheduler;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -22,7 +22,7 @@ use crate::telemetry::metrics::Metrics;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use pruner::Pruner;
-pub use scheduler::Scheduler;
+pub use timer_scheduler::TimerScheduler;
 
 /// The lease every replica competes for.
 const LEASE: &str = "coordinator";
@@ -119,7 +119,7 @@ impl Coordinator {
         );
         l.spawn(
             "scheduler",
-            Scheduler::new(store.clone(), self.metrics.clone()).run(token.clone()),
+            TimerScheduler::new(store.clone(), self.metrics.clone()).run(token.clone()),
         );
         l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
         if let Some(max_age) = store.finished_jobs_max_age() {

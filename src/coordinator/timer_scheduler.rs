@@ -23,7 +23,7 @@ use crate::telemetry::metrics::Metrics;
 /// Timers fired (or handed back) at once; each is a few NATS round trips.
 const CONCURRENCY: usize = 256;
 
-pub struct Scheduler {
+pub struct TimerScheduler {
     store: Store,
     metrics: Metrics,
 }
@@ -43,9 +43,9 @@ impl Held {
     }
 }
 
-impl Scheduler {
-    pub fn new(store: Store, metrics: Metrics) -> Scheduler {
-        Scheduler { store, metrics }
+impl TimerScheduler {
+    pub fn new(store: Store, metrics: Metrics) -> TimerScheduler {
+        TimerScheduler { store, metrics }
     }
 
     pub async fn run(self, cancel: CancellationToken) {

@@ -32,8 +32,8 @@ pub struct Config {
     pub max_job_bytes: usize,
     /// Replicas of every stream and bucket (3 on a three-node cluster).
     pub replicas: usize,
-    /// `file` or `memory` storage for streams and buckets.
-    pub storage: String,
+    /// Where streams and buckets keep their data.
+    pub storage: Storage,
     /// Default reservation of a fetched job, in milliseconds (worker protocol §5.2).
     pub visibility_timeout_ms: u64,
     /// Default execution timeout of a job, in milliseconds (core §5.2); a job may set its own.
@@ -83,6 +83,15 @@ pub struct Config {
     pub failpoints: String,
 }
 
+/// Where streams and buckets keep their data (`storage` setting): `file` survives a NATS
+/// restart, `memory` is faster and does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    File,
+    Memory,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -94,7 +103,7 @@ impl Default for Config {
             max_body_bytes: 16 * 1024 * 1024,
             max_job_bytes: 1024 * 1024,
             replicas: 1,
-            storage: "file".into(),
+            storage: Storage::File,
             visibility_timeout_ms: 1_800_000,
             execution_timeout_ms: 1_800_000,
             heartbeat_timeout_ms: 30_000,
@@ -180,9 +189,6 @@ impl Config {
                 "namespace",
                 "lowercase letters, digits and '-', starting with a letter, at most 32",
             );
-        }
-        if !matches!(self.storage.as_str(), "file" | "memory") {
-            return invalid("storage", "must be file or memory");
         }
         if !(1..=5).contains(&self.replicas) {
             return invalid("replicas", "must be 1 to 5");
@@ -351,17 +357,29 @@ mod tests {
     }
 
     #[test]
-    fn rejects_bad_namespace_and_storage() {
+    fn rejects_a_bad_namespace() {
         let bad = Config {
             namespace: "OJS.x".into(),
             ..Config::default()
         };
         assert!(bad.validate().is_err());
-        let bad = Config {
-            storage: "disk".into(),
-            ..Config::default()
-        };
-        assert!(bad.validate().is_err());
+    }
+
+    // figment's Jail API fixes the closure's error type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
+    #[test]
+    fn storage_is_file_or_memory() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("OJS_STORAGE", "memory");
+            assert_eq!(
+                Config::load_from(Path::new("none.toml")).unwrap().storage,
+                Storage::Memory
+            );
+            jail.set_env("OJS_STORAGE", "disk");
+            let err = Config::load_from(Path::new("none.toml")).unwrap_err();
+            assert!(err.to_string().contains("disk"), "{err}");
+            Ok(())
+        });
     }
 
     // figment's Jail API fixes the closure's error type; its size is not ours to choose.

@@ -27,7 +27,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::Config;
+use crate::config::{Config, Storage};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::lanes::LaneLimits;
 use crate::domain::lifecycle::RECORD_HEADROOM;
@@ -130,10 +130,9 @@ impl Store {
         let topology = Topology {
             namespace: cfg.namespace.clone(),
             replicas: cfg.replicas,
-            storage: if cfg.storage == "memory" {
-                StorageType::Memory
-            } else {
-                StorageType::File
+            storage: match cfg.storage {
+                Storage::File => StorageType::File,
+                Storage::Memory => StorageType::Memory,
             },
             ack_wait: Duration::from_secs(cfg.ack_wait_secs),
             job_history: cfg.job_history,

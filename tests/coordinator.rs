@@ -45,10 +45,7 @@ async fn fail_all(app: &common::TestApp, ids: &[String]) -> Vec<(String, DateTim
     stream::iter(ids.iter().cloned())
         .map(|id| async move {
             let r = app
-                .post(
-                    "/ojs/v1/workers/nack",
-                    json!({"job_id": id, "error": {"code": "e", "message": "again"}}),
-                )
+                .nack(json!({"job_id": id, "error": {"code": "e", "message": "again"}}))
                 .await;
             assert_eq!(r.body["state"], "retryable", "{}", r.body);
             (id, ts(&r.body["next_attempt_at"]))
@@ -298,12 +295,7 @@ async fn only_jobs_running_past_the_hold_get_deadline_timers() {
     for _ in 0..20 {
         let id = app.enqueue(job_on("quick")).await;
         assert_eq!(app.fetch(&["quick"], "w").await.len(), 1);
-        let r = app
-            .post(
-                "/ojs/v1/workers/ack",
-                json!({"job_id": id, "worker_id": "w"}),
-            )
-            .await;
+        let r = app.ack(json!({"job_id": id, "worker_id": "w"})).await;
         assert_eq!(r.status, 200);
     }
     app.enqueue(job_on("slow")).await;

@@ -110,8 +110,7 @@ async fn ticks_enqueue_jobs_and_overlap_is_skipped_while_one_is_unfinished() {
         job["id"]
     );
     // Once it finishes, the next tick runs.
-    app.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]}))
-        .await;
+    app.ack(json!({"job_id": job["id"]})).await;
     eventually(Duration::from_secs(3), "the next tick", || async {
         app.fetch(&["pulse"], "w").await.into_iter().next()
     })

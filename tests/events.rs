@@ -27,11 +27,7 @@ async fn a_job_emits_its_lifecycle_in_order() {
         .enqueue(json!({"type": "t.e", "args": [], "options": {"queue": "ev"}}))
         .await;
     app.fetch(&["ev"], "w1").await;
-    app.post(
-        "/ojs/v1/workers/ack",
-        json!({"job_id": id, "result": {"ok": true}}),
-    )
-    .await;
+    app.ack(json!({"job_id": id, "result": {"ok": true}})).await;
     let events = events_of(&app, "queues=ev", 3).await;
     let types: Vec<_> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["job.enqueued", "job.started", "job.completed"]);
@@ -56,11 +52,8 @@ async fn failures_and_cancellations_emit_their_events() {
     let app = spawn_app(&nats.url).await;
     let id = app.enqueue(json!({"type": "t.e", "args": [], "options": {"queue": "fl", "retry": {"max_attempts": 1}}})).await;
     app.fetch(&["fl"], "w").await;
-    app.post(
-        "/ojs/v1/workers/nack",
-        json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}),
-    )
-    .await;
+    app.nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "boom"}}))
+        .await;
     let events = events_of(&app, "queues=fl&types=job.failed,job.discarded", 2).await;
     assert_eq!(events[0]["type"], "job.failed");
     assert_eq!(events[0]["data"]["error"]["code"], "handler_error");

@@ -402,9 +402,7 @@ async fn the_gateway_stays_live_after_a_battery_of_hostile_requests() {
     );
 
     // Events still flow: its completion is published.
-    let r = app
-        .post("/ojs/v1/workers/ack", json!({"job_id": id, "result": 1}))
-        .await;
+    let r = app.ack(json!({"job_id": id, "result": 1})).await;
     assert_eq!(r.status, 200, "{}", r.body);
     common::eventually(
         Duration::from_secs(5),

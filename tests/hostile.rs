@@ -137,12 +137,7 @@ async fn nesting_past_the_limit_is_refused_and_the_deepest_accepted_job_reads_ba
         .enqueue(json!({"type": "a", "args": nested(62), "queue": "deep"}))
         .await;
     app.fetch(&["deep"], "w").await;
-    let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "result": nested(62)}),
-        )
-        .await;
+    let r = app.ack(json!({"job_id": id, "result": nested(62)})).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let job = app.job(&id).await;
     assert_eq!(job["state"], "completed");
@@ -161,7 +156,7 @@ async fn results_and_errors_cannot_grow_a_record_past_what_nats_stores() {
         let jobs = app.fetch(&["big"], "w").await;
         assert_eq!(jobs.len(), 1, "attempt {attempt}");
         let r = app
-            .post("/ojs/v1/workers/fail", json!({"job_id": id, "requeue": true,
+            .fail(json!({"job_id": id, "requeue": true,
                 "error": {"code": "boom", "message": format!("attempt {attempt}"), "backtrace": "x".repeat(15_000)}}))
             .await;
         assert_eq!(r.status, 200, "attempt {attempt}: {}", r.body);
@@ -181,28 +176,17 @@ async fn results_and_errors_cannot_grow_a_record_past_what_nats_stores() {
     // is still the worker's to finish.
     app.fetch(&["big"], "w").await;
     let r = app
-        .post(
-            "/ojs/v1/workers/fail",
-            json!({"job_id": id,
-            "error": {"code": "boom", "message": "m", "backtrace": "x".repeat(25_000)}}),
-        )
+        .fail(json!({"job_id": id,
+            "error": {"code": "boom", "message": "m", "backtrace": "x".repeat(25_000)}}))
         .await;
     r.assert_error(413, "envelope_too_large");
     assert_eq!(r.body["error"]["details"]["field"], "error");
     let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "result": "r".repeat(1_100_000)}),
-        )
+        .ack(json!({"job_id": id, "result": "r".repeat(1_100_000)}))
         .await;
     r.assert_error(413, "envelope_too_large");
     assert_eq!(app.job(&id).await["state"], "active");
-    let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "result": {"ok": true}}),
-        )
-        .await;
+    let r = app.ack(json!({"job_id": id, "result": {"ok": true}})).await;
     assert_eq!(r.status, 200, "{}", r.body);
 
     // meta is bounded at 64 KiB (payload limits PL-002).
@@ -379,7 +363,7 @@ async fn ids_that_would_become_subjects_are_bounded_and_the_connection_survives(
     app.post(&format!("/ojs/v1/admin/workers/{long}/quiet"), json!({}))
         .await
         .assert_error(404, "not_found");
-    app.post("/ojs/v1/workers/ack", json!({"job_id": "j".repeat(5000)}))
+    app.ack(json!({"job_id": "j".repeat(5000)}))
         .await
         .assert_error(404, "not_found");
     // A heartbeat naming ids that are no job ids extends nothing and fails nothing.

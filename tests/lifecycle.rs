@@ -23,10 +23,7 @@ async fn enqueue_fetch_ack_completes_with_result() {
     assert!(jobs[0]["started_at"].is_string());
 
     let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "worker_id": "w1", "result": {"n": 42}}),
-        )
+        .ack(json!({"job_id": id, "worker_id": "w1", "result": {"n": 42}}))
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["acknowledged"], true);
@@ -38,14 +35,11 @@ async fn enqueue_fetch_ack_completes_with_result() {
     assert_eq!(job["result"], json!({"n": 42}));
     assert!(job.get("worker_id").is_none());
     // Completed is terminal.
-    app.post("/ojs/v1/workers/ack", json!({"job_id": id}))
+    app.ack(json!({"job_id": id}))
         .await
         .assert_error(409, "conflict");
     let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": id, "error": {"message": "x"}}),
-        )
+        .nack(json!({"job_id": id, "error": {"message": "x"}}))
         .await;
     r.assert_error(409, "conflict");
     assert_eq!(r.body["error"]["details"]["current_state"], "completed");
@@ -199,34 +193,25 @@ async fn ack_and_fail_refuse_wrong_state_and_wrong_worker() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let id = app.enqueue(job_on("own")).await;
-    let r = app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    let r = app.ack(json!({"job_id": id})).await;
     r.assert_error(409, "conflict");
     assert_eq!(r.body["error"]["details"]["current_state"], "available");
     assert_eq!(r.body["error"]["details"]["expected_state"], "active");
     app.fetch(&["own"], "holder").await;
-    app.post(
-        "/ojs/v1/workers/ack",
-        json!({"job_id": id, "worker_id": "intruder"}),
-    )
-    .await
-    .assert_error(409, "conflict");
-    app.post(
-        "/ojs/v1/workers/nack",
-        json!({"job_id": id, "worker_id": "intruder", "error": {"message": "x"}}),
-    )
-    .await
-    .assert_error(409, "conflict");
+    app.ack(json!({"job_id": id, "worker_id": "intruder"}))
+        .await
+        .assert_error(409, "conflict");
+    app.nack(json!({"job_id": id, "worker_id": "intruder", "error": {"message": "x"}}))
+        .await
+        .assert_error(409, "conflict");
     assert_eq!(app.job(&id).await["state"], "active");
-    app.post(
-        "/ojs/v1/workers/ack",
-        json!({"job_id": "019539a4-0000-7000-8000-000000000000"}),
-    )
-    .await
-    .assert_error(404, "not_found");
-    app.post("/ojs/v1/workers/ack", json!({}))
+    app.ack(json!({"job_id": "019539a4-0000-7000-8000-000000000000"}))
+        .await
+        .assert_error(404, "not_found");
+    app.ack(json!({}))
         .await
         .assert_error(400, "invalid_request");
-    app.post("/ojs/v1/workers/nack", json!({"job_id": id}))
+    app.nack(json!({"job_id": id}))
         .await
         .assert_error(400, "invalid_request");
 }
@@ -243,7 +228,7 @@ async fn failure_with_retries_left_comes_back_after_its_backoff() {
         .await;
     app.fetch(&["retry"], "w").await;
     let r = app
-        .post("/ojs/v1/workers/nack", json!({"job_id": id, "error": {"code": "handler_error", "message": "boom", "details": {"k": 1}}}))
+        .nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "boom", "details": {"k": 1}}}))
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["state"], "retryable");
@@ -269,7 +254,7 @@ async fn failure_with_retries_left_comes_back_after_its_backoff() {
     assert_eq!(again["attempt"], 2);
     assert_eq!(again["retry_delay_ms"], 500);
     // ACK clears the error but keeps the history.
-    app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    app.ack(json!({"job_id": id})).await;
     let job = app.job(&id).await;
     assert!(job.get("error").is_none());
     assert_eq!(job["errors"].as_array().unwrap().len(), 1);
@@ -282,10 +267,7 @@ async fn exhausted_or_non_retryable_failures_discard() {
     let once = app.enqueue(json!({"type": "t.f", "args": [], "options": {"queue": "d", "retry": {"max_attempts": 1}}})).await;
     app.fetch(&["d"], "w").await;
     let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": once, "error": {"code": "handler_error", "message": "x"}}),
-        )
+        .nack(json!({"job_id": once, "error": {"code": "handler_error", "message": "x"}}))
         .await;
     assert_eq!(r.body["state"], "discarded");
     assert!(r.body["completed_at"].is_string() && r.body["discarded_at"].is_string());
@@ -295,17 +277,14 @@ async fn exhausted_or_non_retryable_failures_discard() {
         .await;
     app.fetch(&["d"], "w").await;
     let r = app
-        .post("/ojs/v1/workers/nack", json!({"job_id": typed, "error": {"code": "handler_error", "message": "x", "details": {"error_class": "FatalError"}}}))
+        .nack(json!({"job_id": typed, "error": {"code": "handler_error", "message": "x", "details": {"error_class": "FatalError"}}}))
         .await;
     assert_eq!(r.body["state"], "discarded");
 
     let flagged = app.enqueue(job_on("d")).await;
     app.fetch(&["d"], "w").await;
     let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": flagged, "error": {"message": "x", "retryable": false}}),
-        )
+        .nack(json!({"job_id": flagged, "error": {"message": "x", "retryable": false}}))
         .await;
     assert_eq!(r.body["state"], "discarded");
     // Discarded is terminal.
@@ -320,7 +299,7 @@ async fn requeue_puts_the_job_straight_back() {
     let app = spawn_app(&nats.url).await;
     let id = app.enqueue(job_on("rq")).await;
     app.fetch(&["rq"], "w").await;
-    let r = app.post("/ojs/v1/workers/nack", json!({"job_id": id, "requeue": true, "error": {"code": "shutdown", "message": "stopping"}})).await;
+    let r = app.nack(json!({"job_id": id, "requeue": true, "error": {"code": "shutdown", "message": "stopping"}})).await;
     assert_eq!(r.body["state"], "available");
     let again = app.fetch(&["rq"], "w2").await;
     assert_eq!(again[0]["id"], id.as_str());
@@ -350,7 +329,7 @@ async fn cancel_from_every_state() {
     let r = app.delete(&format!("/ojs/v1/jobs/{running}")).await;
     assert_eq!(r.body["job"]["state"], "cancelled");
     assert_eq!(r.body["job"]["attempt"], 1);
-    app.post("/ojs/v1/workers/ack", json!({"job_id": running}))
+    app.ack(json!({"job_id": running}))
         .await
         .assert_error(409, "conflict");
 
@@ -365,8 +344,7 @@ async fn cancel_from_every_state() {
 
     let done = app.enqueue(job_on("c")).await;
     app.fetch(&["c"], "w").await;
-    app.post("/ojs/v1/workers/ack", json!({"job_id": done}))
-        .await;
+    app.ack(json!({"job_id": done})).await;
     app.delete(&format!("/ojs/v1/jobs/{done}"))
         .await
         .assert_error(409, "conflict");

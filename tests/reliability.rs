@@ -60,18 +60,10 @@ async fn heartbeats_extend_the_reservation_and_silence_lets_it_lapse() {
     let again = app.fetch(&["vis"], "w2").await;
     assert_eq!(again[0]["attempt"], 2);
     // The first holder's late ACK is refused.
-    app.post(
-        "/ojs/v1/workers/ack",
-        json!({"job_id": id, "worker_id": "w1"}),
-    )
-    .await
-    .assert_error(409, "conflict");
-    let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "worker_id": "w2"}),
-        )
-        .await;
+    app.ack(json!({"job_id": id, "worker_id": "w1"}))
+        .await
+        .assert_error(409, "conflict");
+    let r = app.ack(json!({"job_id": id, "worker_id": "w2"})).await;
     assert_eq!(r.body["state"], "completed");
 }
 
@@ -105,7 +97,7 @@ async fn a_job_running_past_its_timeout_fails_with_timeout() {
     );
     assert_eq!(job["error"]["code"], "timeout");
     assert_eq!(job["error"]["type"], "timeout");
-    app.post("/ojs/v1/workers/ack", json!({"job_id": id}))
+    app.ack(json!({"job_id": id}))
         .await
         .assert_error(409, "conflict");
 }
@@ -222,11 +214,8 @@ async fn exhausted_jobs_land_in_the_dead_letter_queue_and_can_be_retried() {
     // A plain discard is not dead-lettered.
     let plain = app.enqueue(json!({"type": "t.d", "args": [], "options": {"queue": "dl-a", "retry": {"max_attempts": 1}}})).await;
     app.fetch(&["dl-a"], "w").await;
-    app.post(
-        "/ojs/v1/workers/nack",
-        json!({"job_id": plain, "error": {"message": "no"}}),
-    )
-    .await;
+    app.nack(json!({"job_id": plain, "error": {"message": "no"}}))
+        .await;
 
     let all = app.get("/ojs/v1/dead-letter").await;
     assert_eq!(all.status, 200);
@@ -462,12 +451,7 @@ async fn a_job_running_longer_than_ack_wait_stays_with_its_worker() {
         (Some("active"), Some(1))
     );
 
-    let r = app
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": id, "worker_id": "w1"}),
-        )
-        .await;
+    let r = app.ack(json!({"job_id": id, "worker_id": "w1"})).await;
     assert_eq!(r.body["state"], "completed", "{}", r.body);
     eventually(Duration::from_secs(3), "the message settled", || {
         let mut consumer = consumer.clone();

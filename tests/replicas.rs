@@ -16,21 +16,13 @@ async fn a_job_fetched_through_one_gateway_is_settled_through_another() {
 
     let acked = a.enqueue(job_on("shared")).await;
     assert_eq!(b.fetch(&["shared"], "w1").await[0]["id"], acked.as_str());
-    let r = a
-        .post(
-            "/ojs/v1/workers/ack",
-            json!({"job_id": acked, "worker_id": "w1"}),
-        )
-        .await;
+    let r = a.ack(json!({"job_id": acked, "worker_id": "w1"})).await;
     assert_eq!(r.body["state"], "completed");
 
     let failed = b.enqueue(job_on("shared")).await;
     a.fetch(&["shared"], "w2").await;
     let r = b
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": failed, "requeue": true, "error": {"message": "again"}}),
-        )
+        .nack(json!({"job_id": failed, "requeue": true, "error": {"message": "again"}}))
         .await;
     assert_eq!(r.body["state"], "available");
     assert_eq!(b.fetch(&["shared"], "w3").await[0]["id"], failed.as_str());
@@ -103,14 +95,10 @@ async fn a_job_changed_through_another_gateway_is_judged_on_its_current_record()
     let done = a.enqueue(job_on("stale")).await;
     assert_eq!(a.fetch(&["stale"], "w1").await[0]["id"], done.as_str());
     let ack = json!({"job_id": done, "worker_id": "w1"});
-    assert_eq!(b.post("/ojs/v1/workers/ack", ack.clone()).await.status, 200);
-    a.post("/ojs/v1/workers/ack", ack)
-        .await
-        .assert_error(409, "conflict");
+    assert_eq!(b.ack(ack.clone()).await.status, 200);
+    a.ack(ack).await.assert_error(409, "conflict");
     let fail = json!({"job_id": done, "worker_id": "w1", "error": {"message": "late"}});
-    a.post("/ojs/v1/workers/nack", fail)
-        .await
-        .assert_error(409, "conflict");
+    a.nack(fail).await.assert_error(409, "conflict");
     let job = a.job(&done).await;
     assert_eq!(job["state"], "completed");
     assert_eq!(job["attempt"], 1);
@@ -122,10 +110,7 @@ async fn a_job_changed_through_another_gateway_is_judged_on_its_current_record()
     assert_eq!(a.fetch(&["stale"], "w1").await[0]["id"], requeued.as_str());
     let nack = json!({"job_id": requeued, "worker_id": "w1", "requeue": true,
         "error": {"message": "again"}});
-    assert_eq!(
-        b.post("/ojs/v1/workers/nack", nack).await.body["state"],
-        "available"
-    );
+    assert_eq!(b.nack(nack).await.body["state"], "available");
     let again = a.fetch(&["stale"], "w2").await;
     assert_eq!(again.len(), 1, "the requeued job is handed out at once");
     assert_eq!(again[0]["id"], requeued.as_str());

@@ -36,28 +36,20 @@ async fn finished_jobs_are_pruned_after_their_max_age_and_nothing_else_is() {
 
     let completed = app.enqueue(job_on("r-done")).await;
     app.fetch(&["r-done"], "w").await;
-    let r = app
-        .post("/ojs/v1/workers/ack", json!({"job_id": completed}))
-        .await;
+    let r = app.ack(json!({"job_id": completed})).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let cancelled = app.enqueue(job_on("r-cancel")).await;
     app.delete(&format!("/ojs/v1/jobs/{cancelled}")).await;
     let discard = |queue: &str| json!({"type": "t.x", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1}}});
     let discarded = app.enqueue(discard("r-discard")).await;
     app.fetch(&["r-discard"], "w").await;
-    app.post(
-        "/ojs/v1/workers/nack",
-        json!({"job_id": discarded, "error": {"message": "no"}}),
-    )
-    .await;
+    app.nack(json!({"job_id": discarded, "error": {"message": "no"}}))
+        .await;
     // Retried after it was discarded: its discarded write ages, the job must not go.
     let revived = app.enqueue(discard("r-revive")).await;
     app.fetch(&["r-revive"], "w").await;
-    app.post(
-        "/ojs/v1/workers/nack",
-        json!({"job_id": revived, "error": {"message": "no"}}),
-    )
-    .await;
+    app.nack(json!({"job_id": revived, "error": {"message": "no"}}))
+        .await;
     let r = app
         .post(&format!("/ojs/v1/dead-letter/{revived}/retry"), json!({}))
         .await;
@@ -120,9 +112,7 @@ async fn finished_jobs_are_pruned_after_their_max_age_and_nothing_else_is() {
         app.fetch(&["r-revive"], "w").await[0]["id"],
         revived.as_str()
     );
-    let r = app
-        .post("/ojs/v1/workers/ack", json!({"job_id": active}))
-        .await;
+    let r = app.ack(json!({"job_id": active})).await;
     assert_eq!(r.body["state"], "completed", "{}", r.body);
     eventually(
         Duration::from_secs(10),
@@ -142,7 +132,7 @@ async fn with_max_age_zero_finished_jobs_are_kept() {
     .await;
     let id = app.enqueue(job_on("keep")).await;
     app.fetch(&["keep"], "w").await;
-    app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    app.ack(json!({"job_id": id})).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(app.job(&id).await["state"], "completed");
 }
@@ -169,7 +159,7 @@ async fn a_job_is_not_pruned_before_its_events_are_stored() {
 
     let id = app.enqueue(job_on("r-events")).await;
     app.fetch(&["r-events"], "w").await;
-    app.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    app.ack(json!({"job_id": id})).await;
     tokio::time::sleep(Duration::from_millis(3000)).await;
     assert_eq!(
         app.job(&id).await["state"],

@@ -236,10 +236,7 @@ async fn scheduling_past_the_cap_is_refused_and_system_timers_still_work() {
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": job, "error": {"code": "e", "message": "again"}}),
-        )
+        .nack(json!({"job_id": job, "error": {"code": "e", "message": "again"}}))
         .await;
     assert_eq!(r.body["state"], "retryable", "{}", r.body);
     assert!(

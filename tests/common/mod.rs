@@ -277,6 +277,21 @@ impl TestApp {
         resp.text().await.unwrap()
     }
 
+    /// ACK with this body (`/ojs/v1/workers/ack`).
+    pub async fn ack(&self, body: Value) -> Reply {
+        self.post("/ojs/v1/workers/ack", body).await
+    }
+
+    /// FAIL with this body, through `/ojs/v1/workers/nack`.
+    pub async fn nack(&self, body: Value) -> Reply {
+        self.post("/ojs/v1/workers/nack", body).await
+    }
+
+    /// FAIL with this body, through `/ojs/v1/workers/fail`.
+    pub async fn fail(&self, body: Value) -> Reply {
+        self.post("/ojs/v1/workers/fail", body).await
+    }
+
     /// Enqueues a job and returns its id, asserting 201.
     pub async fn enqueue(&self, job: Value) -> String {
         let r = self.post("/ojs/v1/jobs", job).await;
@@ -397,10 +412,7 @@ pub async fn dead_letter_a_job(app: &TestApp, queue: &str) -> String {
         .await;
     app.fetch(&[queue], "w").await;
     let r = app
-        .post(
-            "/ojs/v1/workers/nack",
-            json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}),
-        )
+        .nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}))
         .await;
     assert_eq!(r.body["state"], "discarded");
     id

@@ -610,10 +610,10 @@ impl Floor {
             namespace: format!("benchfloor{}", std::process::id()),
             replicas: 1,
             storage: StorageType::File,
-            ack_wait: Duration::from_secs(Config::default().ack_wait_secs),
+            ack_wait: Config::default().ack_wait(),
             job_history: 5,
             events_max_age: Duration::from_secs(60),
-            dead_letter_max_age: Duration::from_secs(Config::default().dead_letter_max_age_secs),
+            dead_letter_max_age: Config::default().dead_letter_max_age(),
             dead_letter_max_count: Config::default().dead_letter_max_count,
             lease_ttl: Duration::from_secs(3),
         };

@@ -41,20 +41,20 @@ pub struct Config {
     /// A worker that has heartbeated and then stays silent this long is declared dead and
     /// its jobs go back to their queues, in milliseconds (worker protocol §10).
     pub heartbeat_timeout_ms: u64,
-    /// JetStream's redelivery backstop for fetched messages nobody settled, in seconds: how
-    /// long a delivery stranded by a dead gateway waits; a job running longer than this costs
-    /// one record write per period (architecture §3.2).
-    pub ack_wait_secs: u64,
+    /// JetStream's redelivery backstop for fetched messages nobody settled, in milliseconds:
+    /// how long a delivery stranded by a dead gateway waits; a job running longer than this
+    /// costs one record write per period (architecture §3.2).
+    pub ack_wait_ms: u64,
     /// Revisions kept per job record; the event publisher can lag this many writes per job.
     pub job_history: i64,
-    /// How long lifecycle events are kept in the events stream, in seconds.
-    pub events_max_age_secs: u64,
+    /// How long lifecycle events are kept in the events stream, in milliseconds.
+    pub events_max_age_ms: u64,
     /// How long a finished (completed, cancelled, discarded) job stays readable before the
-    /// leader prunes it, in seconds; 0 keeps every job (architecture §3.13).
-    pub finished_jobs_max_age_secs: u64,
+    /// leader prunes it, in milliseconds; 0 keeps every job (architecture §3.13).
+    pub finished_jobs_max_age_ms: u64,
     /// Dead-letter retention (dead-letter spec §5): entries older than this are pruned, in
-    /// seconds.
-    pub dead_letter_max_age_secs: u64,
+    /// milliseconds.
+    pub dead_letter_max_age_ms: u64,
     /// Dead-letter retention: beyond this many entries the oldest are pruned.
     pub dead_letter_max_count: i64,
     /// Coordinator lease time-to-live, in milliseconds; renewed every third of it.
@@ -107,11 +107,11 @@ impl Default for Config {
             visibility_timeout_ms: 1_800_000,
             execution_timeout_ms: 1_800_000,
             heartbeat_timeout_ms: 30_000,
-            ack_wait_secs: 60,
+            ack_wait_ms: 60_000,
             job_history: 5,
-            events_max_age_secs: 86_400,
-            finished_jobs_max_age_secs: 7 * 86_400,
-            dead_letter_max_age_secs: 180 * 86_400,
+            events_max_age_ms: DAY_MS,
+            finished_jobs_max_age_ms: 7 * DAY_MS,
+            dead_letter_max_age_ms: 180 * DAY_MS,
             dead_letter_max_count: 10_000,
             lease_ttl_ms: 3_000,
             nats_timeout_ms: 5_000,
@@ -125,8 +125,29 @@ impl Default for Config {
     }
 }
 
+const DAY_MS: u64 = 86_400_000;
 /// Longest retention accepted: 100 years, far inside what NATS and the clock arithmetic hold.
-const MAX_AGE_LIMIT_SECS: u64 = 100 * 365 * 86_400;
+const MAX_AGE_LIMIT_MS: u64 = 100 * 365 * DAY_MS;
+
+/// Where a setting lives in `Config`.
+type Setting = fn(&mut Config) -> &mut u64;
+
+/// Settings named in seconds before every duration setting took milliseconds: still read,
+/// converted, and warned about.
+const LEGACY_SECONDS: [(&str, &str, Setting); 4] = [
+    ("ack_wait_secs", "ack_wait_ms", |c| &mut c.ack_wait_ms),
+    ("events_max_age_secs", "events_max_age_ms", |c| {
+        &mut c.events_max_age_ms
+    }),
+    (
+        "finished_jobs_max_age_secs",
+        "finished_jobs_max_age_ms",
+        |c| &mut c.finished_jobs_max_age_ms,
+    ),
+    ("dead_letter_max_age_secs", "dead_letter_max_age_ms", |c| {
+        &mut c.dead_letter_max_age_ms
+    }),
+];
 
 /// Highest `max_pending_timers`: 1,000,000 below the scheduler consumer's `max_ack_pending`
 /// (`store::timers`), the headroom of the timers PUSH does not set (retry, deadline, worker).
@@ -157,13 +178,49 @@ impl Config {
     /// # Errors
     /// As [`Config::load`].
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
-        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::file(path))
-            .merge(Env::prefixed("OJS_").ignore(&["config"]))
+        let file = Figment::from(Toml::file(path));
+        let env = Figment::from(Env::prefixed("OJS_").ignore(&["config"]));
+        let mut cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(file.clone())
+            .merge(env.clone())
             .extract()
             .map_err(Box::new)?;
+        for warning in cfg.read_legacy_seconds(&[env, file])? {
+            tracing::warn!("{warning}");
+        }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Takes the settings still given under their old names in seconds (`LEGACY_SECONDS`).
+    /// `layers` go from the one that wins (the environment) to the file; within a layer the
+    /// new name wins. One warning for each old name found.
+    fn read_legacy_seconds(&mut self, layers: &[Figment]) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
+        for (old, new, slot) in LEGACY_SECONDS {
+            let Some(layer) = layers
+                .iter()
+                .find(|l| l.find_value(new).is_ok() || l.find_value(old).is_ok())
+            else {
+                continue;
+            };
+            let Ok(secs) = layer.extract_inner::<u64>(old) else {
+                continue;
+            };
+            if layer.find_value(new).is_ok() {
+                warnings.push(format!(
+                    "{old} is deprecated and ignored: {new} is set beside it"
+                ));
+                continue;
+            }
+            let ms = secs.checked_mul(1000).ok_or_else(|| ConfigError::Invalid {
+                field: new,
+                reason: format!("{old} = {secs} is too large"),
+            })?;
+            *slot(self) = ms;
+            warnings.push(format!("{old} is deprecated: use {new} = {ms}"));
+        }
+        Ok(warnings)
     }
 
     /// # Errors
@@ -203,15 +260,12 @@ impl Config {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
         for (field, value) in [
-            ("events_max_age_secs", self.events_max_age_secs),
-            (
-                "finished_jobs_max_age_secs",
-                self.finished_jobs_max_age_secs,
-            ),
-            ("dead_letter_max_age_secs", self.dead_letter_max_age_secs),
+            ("events_max_age_ms", self.events_max_age_ms),
+            ("finished_jobs_max_age_ms", self.finished_jobs_max_age_ms),
+            ("dead_letter_max_age_ms", self.dead_letter_max_age_ms),
         ] {
-            if value > MAX_AGE_LIMIT_SECS {
-                return invalid(field, "must be at most 3153600000 (100 years)");
+            if value > MAX_AGE_LIMIT_MS {
+                return invalid(field, "must be at most 3153600000000 (100 years)");
             }
         }
         // The dead-letter spec requires a retention policy; NATS reads 0 as "no limit".
@@ -219,11 +273,11 @@ impl Config {
             return invalid("dead_letter_max_count", "must be positive");
         }
         for (field, value) in [
-            ("dead_letter_max_age_secs", self.dead_letter_max_age_secs),
+            ("dead_letter_max_age_ms", self.dead_letter_max_age_ms),
             ("visibility_timeout_ms", self.visibility_timeout_ms),
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
-            ("ack_wait_secs", self.ack_wait_secs),
+            ("ack_wait_ms", self.ack_wait_ms),
             ("nats_timeout_ms", self.nats_timeout_ms),
         ] {
             if value == 0 {
@@ -274,6 +328,24 @@ impl Config {
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
     }
+
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.ack_wait_ms)
+    }
+
+    pub fn events_max_age(&self) -> Duration {
+        Duration::from_millis(self.events_max_age_ms)
+    }
+
+    pub fn dead_letter_max_age(&self) -> Duration {
+        Duration::from_millis(self.dead_letter_max_age_ms)
+    }
+
+    /// `None`: finished jobs are kept for good.
+    pub fn finished_jobs_max_age(&self) -> Option<Duration> {
+        (self.finished_jobs_max_age_ms > 0)
+            .then(|| Duration::from_millis(self.finished_jobs_max_age_ms))
+    }
 }
 
 #[cfg(test)]
@@ -288,13 +360,13 @@ mod tests {
     #[test]
     fn retention_is_at_most_a_century() {
         let bad = Config {
-            finished_jobs_max_age_secs: MAX_AGE_LIMIT_SECS + 1,
+            finished_jobs_max_age_ms: MAX_AGE_LIMIT_MS + 1,
             ..Config::default()
         };
         assert!(bad.validate().is_err());
         let longest = Config {
-            finished_jobs_max_age_secs: MAX_AGE_LIMIT_SECS,
-            dead_letter_max_age_secs: MAX_AGE_LIMIT_SECS,
+            finished_jobs_max_age_ms: MAX_AGE_LIMIT_MS,
+            dead_letter_max_age_ms: MAX_AGE_LIMIT_MS,
             ..Config::default()
         };
         longest.validate().unwrap();
@@ -308,7 +380,7 @@ mod tests {
                 ..Config::default()
             },
             Config {
-                dead_letter_max_age_secs: 0,
+                dead_letter_max_age_ms: 0,
                 ..Config::default()
             },
         ] {
@@ -354,6 +426,32 @@ mod tests {
             };
             assert_eq!(cfg.validate().is_ok(), ok, "{idle_puller_ms}");
         }
+    }
+
+    // figment's Jail API fixes the closure's error type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
+    #[test]
+    fn old_settings_in_seconds_are_still_read_unless_the_new_one_is_given() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                "ack_wait_secs = 2\nevents_max_age_secs = 60\ndead_letter_max_age_ms = 7000",
+            )?;
+            jail.set_env("OJS_EVENTS_MAX_AGE_MS", "5000");
+            jail.set_env("OJS_DEAD_LETTER_MAX_AGE_SECS", "3");
+            let cfg = Config::load_from(Path::new("c.toml")).unwrap();
+            assert_eq!(cfg.ack_wait_ms, 2000);
+            assert_eq!(
+                cfg.events_max_age_ms, 5000,
+                "the environment wins over the file"
+            );
+            assert_eq!(cfg.dead_letter_max_age_ms, 3000, "also under its old name");
+            assert_eq!(
+                cfg.finished_jobs_max_age_ms,
+                Config::default().finished_jobs_max_age_ms
+            );
+            Ok(())
+        });
     }
 
     #[test]

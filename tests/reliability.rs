@@ -337,12 +337,12 @@ async fn dead_letter_retention_keeps_only_the_newest_max_count_jobs() {
     assert_eq!(r.body["job"]["state"], "available", "{}", r.body);
 }
 
-/// Entries older than `dead_letter_max_age_secs` leave the dead letter queue.
+/// Entries older than `dead_letter_max_age_ms` leave the dead letter queue.
 #[tokio::test]
 async fn dead_letter_retention_prunes_jobs_older_than_max_age() {
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
-        dead_letter_max_age_secs: 1,
+        dead_letter_max_age_ms: 1000,
         ..test_config(&nats.url)
     })
     .await;
@@ -374,7 +374,7 @@ async fn lane_consumer(nats: &NatsServer, queue: &str) -> PullConsumer {
 }
 
 /// A job delivered to a gateway that died before claiming it can be fetched again after
-/// AckWait; a changed `ack_wait_secs` reaches a queue made under the old one.
+/// AckWait; a changed `ack_wait_ms` reaches a queue made under the old one.
 #[tokio::test]
 async fn a_delivery_stranded_by_a_dead_gateway_comes_back_after_ack_wait() {
     let nats = NatsServer::start();
@@ -390,7 +390,7 @@ async fn a_delivery_stranded_by_a_dead_gateway_comes_back_after_ack_wait() {
     app.stop().await;
 
     let app = spawn_app_with(Config {
-        ack_wait_secs: 1,
+        ack_wait_ms: 1000,
         ..test_config(&nats.url)
     })
     .await;
@@ -429,7 +429,7 @@ async fn a_delivery_stranded_by_a_dead_gateway_comes_back_after_ack_wait() {
 async fn a_job_running_longer_than_ack_wait_stays_with_its_worker() {
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
-        ack_wait_secs: 1,
+        ack_wait_ms: 1000,
         ..test_config(&nats.url)
     })
     .await;

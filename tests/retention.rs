@@ -1,5 +1,5 @@
 //! Retention of finished jobs (architecture §3.13): the leader prunes completed, cancelled
-//! and discarded jobs `finished_jobs_max_age_secs` after they finished, and nothing else.
+//! and discarded jobs `finished_jobs_max_age_ms` after they finished, and nothing else.
 
 mod common;
 
@@ -28,7 +28,7 @@ async fn stored_messages(nats: &NatsServer, id: &str) -> usize {
 async fn finished_jobs_are_pruned_after_their_max_age_and_nothing_else_is() {
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
-        finished_jobs_max_age_secs: 1,
+        finished_jobs_max_age_ms: 1000,
         dead_letter_max_count: 1,
         ..test_config(&nats.url)
     })
@@ -126,7 +126,7 @@ async fn finished_jobs_are_pruned_after_their_max_age_and_nothing_else_is() {
 async fn with_max_age_zero_finished_jobs_are_kept() {
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
-        finished_jobs_max_age_secs: 0,
+        finished_jobs_max_age_ms: 0,
         ..test_config(&nats.url)
     })
     .await;
@@ -143,7 +143,7 @@ async fn with_max_age_zero_finished_jobs_are_kept() {
 async fn a_job_is_not_pruned_before_its_events_are_stored() {
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
-        finished_jobs_max_age_secs: 1,
+        finished_jobs_max_age_ms: 1000,
         ..test_config(&nats.url)
     })
     .await;

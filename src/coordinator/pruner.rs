@@ -1,5 +1,5 @@
 //! Leader service: removes finished jobs once they are older than
-//! `finished_jobs_max_age_secs`, walking the jobs stream in sequence order — which is write
+//! `finished_jobs_max_age_ms`, walking the jobs stream in sequence order — which is write
 //! time order — behind a cursor stored in the coordinator bucket (architecture §3.13).
 
 use std::time::Duration;
@@ -35,7 +35,7 @@ impl Pruner {
                 nats_version = %version,
                 "this nats-server purges a finished job in time that grows with the jobs \
                  stream's size; on a large bucket pruning can fall behind and load NATS \
-                 (nats-server 2.10 or newer does not; finished_jobs_max_age_secs = 0 turns \
+                 (nats-server 2.10 or newer does not; finished_jobs_max_age_ms = 0 turns \
                  pruning off)"
             );
         }

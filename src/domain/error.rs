@@ -57,7 +57,7 @@ impl ErrorCode {
             ErrorCode::InvalidPayload => "Send a JSON object as the request body.",
             ErrorCode::InvalidRequest => "Correct the field named in the message and retry.",
             ErrorCode::NotFound => {
-                "Check the id; it may never have existed, or have been removed (finished jobs are pruned after finished_jobs_max_age_secs)."
+                "Check the id; it may never have existed, or have been removed (finished jobs are pruned after finished_jobs_max_age_ms)."
             }
             ErrorCode::Duplicate => "Use a new id, or fetch the existing job.",
             ErrorCode::Conflict => "Read the job's current state before retrying the operation.",

@@ -134,10 +134,10 @@ impl Store {
                 Storage::File => StorageType::File,
                 Storage::Memory => StorageType::Memory,
             },
-            ack_wait: Duration::from_secs(cfg.ack_wait_secs),
+            ack_wait: cfg.ack_wait(),
             job_history: cfg.job_history,
-            events_max_age: Duration::from_secs(cfg.events_max_age_secs),
-            dead_letter_max_age: Duration::from_secs(cfg.dead_letter_max_age_secs),
+            events_max_age: cfg.events_max_age(),
+            dead_letter_max_age: cfg.dead_letter_max_age(),
             dead_letter_max_count: cfg.dead_letter_max_count,
             lease_ttl: cfg.lease_ttl(),
         };
@@ -215,8 +215,7 @@ impl Store {
                 cron_source: format!("ojs://{}/cron", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
                 execution_timeout: Duration::from_millis(cfg.execution_timeout_ms),
-                finished_jobs_max_age: (cfg.finished_jobs_max_age_secs > 0)
-                    .then(|| Duration::from_secs(cfg.finished_jobs_max_age_secs)),
+                finished_jobs_max_age: cfg.finished_jobs_max_age(),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
                 // A job of `max_job_bytes` plus the room it may grow by, within what the
                 // NATS server accepts in one message (less its own headers).

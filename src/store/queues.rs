@@ -272,7 +272,7 @@ impl QueueRegistry {
         self.inner.pullers_open.load(Ordering::Relaxed)
     }
 
-    /// Gives a priority consumer made under another `ack_wait_secs` the current one, so a
+    /// Gives a priority consumer made under another `ack_wait_ms` the current one, so a
     /// changed setting reaches existing queues (architecture §2). Best effort: the consumer
     /// works either way.
     async fn align_ack_wait(&self, queue: &str, priority: i32) {

@@ -1,4 +1,4 @@
-//! Cron through the HTTP API and across replicas (cron spec, digest §3.6, §4.13).
+//! Cron through the HTTP API and across replicas (cron spec §6–§8, HTTP binding §13).
 
 mod common;
 

@@ -1,4 +1,5 @@
-//! PUSH validation and the error contract, through the HTTP API (core §5, digest §1–§2).
+//! PUSH validation and the error contract, through the HTTP API (core §5; HTTP binding §3,
+//! §4, §6, §9.1–§9.2, §16).
 
 mod common;
 

@@ -206,7 +206,8 @@ fn first_line(s: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OverlapPolicy {
-    /// Skip the tick while the previous job is in any non-terminal state (digest §4.13).
+    /// Skip the tick while the previous job is in any non-terminal state (cron spec §6.1;
+    /// conformance case cron-overlap-prevention.json).
     Skip,
     /// Enqueue regardless.
     Allow,
@@ -363,7 +364,7 @@ impl CronEntry {
     }
 
     /// The PUSH body of the job for the tick at `tick`: the template with the tick's stable
-    /// id and `meta.cron_name` / `meta.cron_triggered_at` (digest §4.13).
+    /// id and `meta.cron_name` / `meta.cron_triggered_at` (cron spec §6.3).
     pub fn job_for_tick(&self, tick: DateTime<Utc>) -> Value {
         let mut job = self.job_template.clone();
         if job.get("args").is_none() {

@@ -1,4 +1,4 @@
-//! PUSH input validation (core §5, digest §2.1–2.2, §2.6): turns a client's JSON into a
+//! PUSH input validation (core §5, HTTP binding §9.1): turns a client's JSON into a
 //! [`Job`], or an error naming the field. Option keys are read from `options` first, then
 //! from the top level; system-managed fields sent by a client are ignored.
 
@@ -37,7 +37,7 @@ const SYSTEM_FIELDS: &[&str] = &[
     "workflow_id",
 ];
 
-/// Option keys that may also stand at the top level (digest §2.1).
+/// Option keys that may also stand at the top level (core §5.1–§5.2, JSON format §3.1).
 pub const OPTION_KEYS: &[&str] = &[
     "queue",
     "priority",
@@ -316,7 +316,8 @@ impl Options {
     }
 }
 
-/// Digest §5 #1: dot-separated lowercase segments; hyphens and underscores allowed.
+/// Core §5.1, plus the hyphens of conformance case retry-validation-invalid-max-attempts.json:
+/// dot-separated lowercase segments; hyphens and underscores allowed.
 pub fn validate_type(t: &str) -> Result<(), OjsError> {
     let ok = !t.is_empty()
         && t.len() <= MAX_TYPE_LEN
@@ -359,7 +360,7 @@ pub fn is_name(s: &str, max: usize) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
-/// A job id as the HTTP digest §1.1 defines it: a UUIDv7 in lowercase hyphenated form
+/// A job id as HTTP binding §6.4 defines it: a UUIDv7 in lowercase hyphenated form
 /// (`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`). Anything else is
 /// refused before it can become part of a NATS subject.
 pub fn parse_job_id(s: &str) -> Option<String> {
@@ -397,7 +398,8 @@ fn priority_error(v: &Value) -> OjsError {
 }
 
 /// An absolute RFC 3339 time (kept verbatim) or `+<ISO duration>` relative to `now`, the
-/// forms every timestamp option takes (digest §1.4).
+/// forms every timestamp option takes (core §5.2; conformance case
+/// delayed-job-available-at-time.json).
 fn parse_time(
     v: &Value,
     field: &str,

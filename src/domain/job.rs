@@ -1,5 +1,5 @@
-//! The job envelope as stored and returned (core §5, digest §2.5), and the record the store
-//! keeps around it: the envelope plus what any replica needs to act on the job later.
+//! The job envelope as stored and returned (core §5, HTTP binding §9.3), and the record the
+//! store keeps around it: the envelope plus what any replica needs to act on the job later.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -12,8 +12,8 @@ use super::time;
 /// The envelope version this server writes (core §5.1).
 pub const SPEC_VERSION: &str = "1.0.0-rc.1";
 
-/// A job: client attributes, effective options (flattened, digest §5 #2) and system fields.
-/// Fields without a value are omitted, never `null` (JSON format §14.2).
+/// A job: client attributes, effective options (flattened, HTTP binding §9.3) and system
+/// fields. Fields without a value are omitted, never `null` (JSON format §14.2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub specversion: String,
@@ -43,7 +43,7 @@ pub struct Job {
     /// Absolute RFC 3339; a client's absolute value is kept verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_at: Option<String>,
-    /// Kept verbatim as the client sent it (digest §1.1).
+    /// Kept verbatim as the client sent it (JSON format §5.3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
     #[serde(with = "time::millis")]

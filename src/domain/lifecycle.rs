@@ -12,7 +12,7 @@ use super::job::{Holder, JobError, JobRecord, Transition};
 use super::state::{self, JobState};
 use super::time;
 
-/// Kept entries of `errors[]`; the digest asks for at least 10.
+/// Kept entries of `errors[]`; errors spec §6.2 asks for at least 10.
 pub const MAX_ERROR_HISTORY: usize = 50;
 /// Largest `error` a FAIL may report, serialized (message, type, details, backtrace).
 pub const MAX_ERROR_BYTES: usize = 16 * 1024;
@@ -38,7 +38,7 @@ pub struct Failure {
 
 impl Failure {
     /// The type matched against `non_retryable_errors`: `type`, else `details.error_class`,
-    /// else the code (digest §5 #23).
+    /// else the code (retry spec §6; conformance case retry-non-retryable-error.json).
     pub fn effective_type(&self) -> String {
         self.error_type
             .clone()
@@ -116,7 +116,7 @@ pub fn complete(
     Ok(next)
 }
 
-/// FAIL (core §7.4, digest §4.4): record the error, then requeue, retry with backoff or
+/// FAIL (core §7.4, retry spec §7): record the error, then requeue, retry with backoff or
 /// discard. `jitter_factor` is a draw from [0.5, 1.5).
 pub fn fail(
     rec: &JobRecord,
@@ -226,7 +226,8 @@ pub enum Deadline {
 }
 
 /// When the active job's next deadline falls: the earlier of its reservation and its
-/// execution timeout (core §5.2, measured from `started_at`, no grace; digest §4.5).
+/// execution timeout (core §5.2, measured from `started_at`, no grace; conformance case
+/// timeout-execution-triggers-failure.json).
 pub fn deadline_of(rec: &JobRecord, default_timeout: Duration) -> Option<DateTime<Utc>> {
     let holder = rec.holder.as_ref()?;
     let timeout = rec
@@ -316,7 +317,7 @@ pub fn heartbeat(
     Some(next)
 }
 
-/// Operator retry from the dead letter queue (dead-letter spec §6.1, digest §3.5): a
+/// Operator retry from the dead letter queue (dead-letter spec §6.1, HTTP binding §12.2): a
 /// discarded job is available again with a fresh attempt count; its error history stays.
 pub fn retry_discarded(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsError> {
     state::expect(&rec.job.id, rec.job.state, JobState::Discarded)?;
@@ -363,8 +364,8 @@ fn record_error(job: &mut super::job::Job, entry: JobError) {
     job.error = Some(entry);
 }
 
-/// CANCEL (core §7.6, digest §3.2.4): `None` when the job is already cancelled (idempotent);
-/// completed and discarded jobs are refused with 409.
+/// CANCEL (core §7.6, HTTP binding §9.4): `None` when the job is already cancelled
+/// (idempotent); completed and discarded jobs are refused with 409.
 pub fn cancel(rec: &JobRecord, now: DateTime<Utc>) -> Result<Option<JobRecord>, OjsError> {
     if rec.job.state == JobState::Cancelled {
         return Ok(None);
@@ -443,7 +444,7 @@ pub fn expire(rec: &JobRecord, now: DateTime<Utc>) -> Option<JobRecord> {
 }
 
 /// ACK and FAIL need the job active and, when both sides name a worker, held by the caller
-/// (worker protocol §5.6; digest §5 #54).
+/// (worker protocol §5.6; HTTP binding §10.2–§10.3).
 fn expect_holder(rec: &JobRecord, worker_id: Option<&str>) -> Result<(), OjsError> {
     state::expect(&rec.job.id, rec.job.state, JobState::Active)?;
     let holder = rec.holder.as_ref().and_then(|h| h.worker_id.as_deref());

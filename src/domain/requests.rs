@@ -48,7 +48,8 @@ pub struct AckRequest {
     pub result: Option<Value>,
 }
 
-/// A FAIL (core §7.4); `requeue: true` puts the job straight back (digest §5 #22).
+/// A FAIL (core §7.4); `requeue: true` puts the job straight back (conformance case
+/// worker-graceful-shutdown.json).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FailRequest {
     pub job_id: String,

@@ -1,4 +1,4 @@
-//! Retry policy (retry spec §2–§7, digest §2.3 and §4.3–4.4): parsing with field-naming
+//! Retry policy (retry spec §2–§7, JSON format §3.4): parsing with field-naming
 //! validation errors, the backoff delay, and which errors may be retried. Jitter is an input,
 //! so the math is deterministic under test.
 
@@ -59,7 +59,8 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Parses a client policy object. Every problem is a 422 naming the field (digest §2.6).
+    /// Parses a client policy object. Every problem is a 422 naming the field (conformance
+    /// case retry-validation-invalid-max-attempts.json).
     pub fn from_value(v: &Value) -> Result<RetryPolicy, OjsError> {
         let obj = v
             .as_object()
@@ -147,7 +148,7 @@ impl RetryPolicy {
     }
 
     /// The delay after failed attempt `attempt` (1-based), before jitter and the cap
-    /// (retry §3; digest §4.3).
+    /// (retry §3).
     pub fn raw_delay_ms(&self, attempt: u32) -> f64 {
         let i = self.initial_interval.as_millis() as f64;
         let n = f64::from(attempt.max(1));
@@ -276,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn strategies_follow_the_digest_table() {
+    fn strategies_give_the_retry_spec_delays() {
         let exp = policy(json!({"jitter": false}));
         assert_eq!(exp.delay(1, 1.0).as_millis(), 1000);
         assert_eq!(exp.delay(2, 1.0).as_millis(), 2000);

@@ -1,5 +1,6 @@
-//! OJS errors as HTTP responses: the one place codes meet statuses (HTTP binding §16, digest
-//! §1.3). Bodies are always `{"error":{...}}`; the request id is added by the middleware.
+//! OJS errors as HTTP responses: the one place codes meet statuses (HTTP binding §16,
+//! JSON format §12.1). Bodies are always `{"error":{...}}`; the request id is added by the
+//! middleware.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

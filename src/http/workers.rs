@@ -50,7 +50,8 @@ pub async fn ack(
     ))
 }
 
-/// FAIL; `requeue: true` puts the job straight back (digest §5 #22).
+/// FAIL; `requeue: true` puts the job straight back (conformance case
+/// worker-graceful-shutdown.json).
 pub async fn fail(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,

@@ -1,5 +1,5 @@
-//! The dead letter queue (dead-letter spec, digest §3.5, §4.11): jobs discarded under a
-//! `dead_letter` exhaustion policy. Each one has an entry in the dead-letter stream,
+//! The dead letter queue (dead-letter spec §4, §6.1; HTTP binding §12): jobs discarded under
+//! a `dead_letter` exhaustion policy. Each one has an entry in the dead-letter stream,
 //! published before the job's discard is written and named in its record, so the queue is
 //! listed newest first by walking the stream backwards — no key listing. Retention is the
 //! stream's own limits, so NATS prunes entries and a job counts only while its entry exists.

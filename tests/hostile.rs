@@ -272,13 +272,24 @@ async fn idle_pull_loops_are_closed_without_losing_a_job_and_reopen_on_the_next_
         ..test_config(&nats.url)
     })
     .await;
+    // Each lane's first FETCH opens its loop; it waits, so a loaded machine cannot make the
+    // first pull's answer late.
+    let fetch_waiting = |queue: String| {
+        let app = &app;
+        async move {
+            let body = json!({"queues": [queue], "worker_id": "w", "wait_ms": 5000});
+            app.post("/ojs/v1/workers/fetch", body).await.body["jobs"]
+                .as_array()
+                .map_or(0, Vec::len)
+        }
+    };
     for i in 0..20 {
         let queue = format!("lane{i}");
         app.enqueue(job_on(&queue)).await;
-        assert_eq!(app.fetch(&[&queue], "w").await.len(), 1);
+        assert_eq!(fetch_waiting(queue).await, 1);
     }
     app.enqueue(job_on("other")).await;
-    assert_eq!(app.fetch(&["other"], "w").await.len(), 1);
+    assert_eq!(fetch_waiting("other".into()).await, 1);
     assert_eq!(pullers_open(&app).await, 21);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(app.fetch(&["other"], "w").await.is_empty());

@@ -288,6 +288,7 @@ impl Config {
             ("visibility_timeout_ms", self.visibility_timeout_ms),
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("ack_wait_ms", self.ack_wait_ms),
         ] {
             if ms > crate::domain::duration::MAX.as_millis() as u64 {
                 return invalid(field, "must be at most 31536000000 (365 days)");
@@ -409,6 +410,18 @@ mod tests {
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ack_wait_is_at_most_a_year() {
+        let longest = crate::domain::duration::MAX.as_millis() as u64;
+        for (ack_wait_ms, ok) in [(longest, true), (longest + 1, false), (u64::MAX, false)] {
+            let cfg = Config {
+                ack_wait_ms,
+                ..Config::default()
+            };
+            assert_eq!(cfg.validate().is_ok(), ok, "{ack_wait_ms}");
         }
     }
 

@@ -2,27 +2,21 @@
 //! --type T --count N [--args JSON]`. Uses batches when N > 1 and prints each job id on
 //! its own line.
 
+#[path = "common/flags.rs"]
+mod flags;
+
 use ojs_jetstream::client::{Client, JobSpec};
 use serde_json::Value;
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let url = arg(&args, "--url").unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let queue = arg(&args, "--queue").unwrap_or_else(|| "default".into());
-    let job_type = arg(&args, "--type").unwrap_or_else(|| "demo.echo".into());
-    let count: usize =
-        arg(&args, "--count").map_or(1, |n| n.parse().expect("--count takes a number"));
-    let job_args: Value = arg(&args, "--args").map_or(Value::Array(vec![]), |a| {
-        serde_json::from_str(&a).expect("--args takes JSON")
-    });
+    let mut flags = flags::Flags::parse();
+    let url = flags.text("url", "http://127.0.0.1:8080");
+    let queue = flags.text("queue", "default");
+    let job_type = flags.text("type", "demo.echo");
+    let count: usize = flags.number("count", 1);
+    let job_args: Value = flags.get("args").unwrap_or(Value::Array(vec![]));
+    flags.finish();
 
     let client = Client::new(&url);
     let spec = || JobSpec::new(&job_type, job_args.clone()).queue(&queue);

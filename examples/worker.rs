@@ -4,39 +4,31 @@
 //! (always fails with type `DemoError`). Prints `worker state: <state>` on every lifecycle
 //! change and `worker stopped: jobs_completed=N` on exit.
 
+#[path = "common/flags.rs"]
+mod flags;
+
 use std::time::Duration;
 
 use ojs_jetstream::worker::{HandlerError, JobContext, Worker, WorkerConfig};
 use serde_json::Value;
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let url = arg(&args, "--url").unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let queues = arg(&args, "--queues").unwrap_or_else(|| "default".into());
+    let mut flags = flags::Flags::parse();
+    let url = flags.text("url", "http://127.0.0.1:8080");
+    let queues = flags.text("queues", "default");
     let queues: Vec<&str> = queues.split(',').collect();
     let mut cfg = WorkerConfig::new(&url, &queues);
-    if let Some(n) = arg(&args, "--concurrency") {
-        cfg.concurrency = n.parse().expect("--concurrency takes a number");
-    }
-    if let Some(s) = arg(&args, "--grace-period") {
-        cfg.grace_period =
-            Duration::from_secs_f64(s.parse().expect("--grace-period takes seconds"));
-    }
-    if let Some(s) = arg(&args, "--heartbeat-interval") {
-        cfg.heartbeat_interval =
-            Duration::from_secs_f64(s.parse().expect("--heartbeat-interval takes seconds"));
-    }
-    if let Some(id) = arg(&args, "--worker-id") {
+    cfg.concurrency = flags.number("concurrency", cfg.concurrency);
+    let seconds = |flags: &mut flags::Flags, name, default: Duration| {
+        Duration::from_secs_f64(flags.number(name, default.as_secs_f64()))
+    };
+    cfg.grace_period = seconds(&mut flags, "grace-period", cfg.grace_period);
+    cfg.heartbeat_interval = seconds(&mut flags, "heartbeat-interval", cfg.heartbeat_interval);
+    if let Some(id) = flags.get("worker-id") {
         cfg.worker_id = id;
     }
+    flags.finish();
 
     let mut worker = Worker::new(cfg);
     worker

@@ -2,7 +2,7 @@
 # Runs the benchmark (docs/performance.md) against a fresh nats-server and a release-built
 # gateway, both started here and stopped again afterwards:
 #
-#   scripts/bench.sh [flags of examples/bench.rs, e.g. --scenarios memory]
+#   scripts/bench.sh [flags of examples/bench/, e.g. --scenarios memory]
 #
 # NATS_SERVER_BIN picks the nats-server (else scripts/ensure-nats.sh finds one);
 # BENCH_NATS_PORT (default 14222) and BENCH_HTTP_PORT (default 18080) the ports.

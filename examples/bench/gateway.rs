@@ -1,0 +1,277 @@
+//! The gateway over HTTP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::drivers::{consume, micros, produce, Round, Tally, FETCH_WAIT};
+use crate::flags::fail;
+use crate::scenarios::{Load, TIMER_LEAD, TIMER_SPREAD};
+
+/// What a worker reads of a FETCH response; every other field is skipped unparsed.
+#[derive(Deserialize)]
+pub struct Fetched {
+    jobs: Vec<FetchedJob>,
+}
+
+#[derive(Deserialize)]
+pub struct FetchedJob {
+    id: String,
+    /// `[index, enqueue time]` (`[index, due time]` for scheduled jobs) on the benchmark's
+    /// clock, as the benchmark enqueues them.
+    args: (u64, u64),
+}
+
+/// The gateway's HTTP/1.1 API over keep-alive connections. A bare hyper client rather than
+/// the reqwest client the worker library uses: the load generator shares the machine with
+/// the gateway and NATS, so every CPU second it spends is one they cannot use, and this one
+/// spends about half of what reqwest did for the same requests (docs/performance.md §5).
+#[derive(Clone)]
+pub struct Gateway {
+    /// `host:port` to connect to.
+    authority: String,
+    /// The URL's path prefix (empty, or `/prefix` without a trailing `/`).
+    base: String,
+    /// Connections not in use; a request takes one (or opens one) and puts it back.
+    idle: Arc<std::sync::Mutex<Vec<SendRequest<Full<Bytes>>>>>,
+}
+
+impl Gateway {
+    pub fn new(url: &str) -> Gateway {
+        let rest = url
+            .strip_prefix("http://")
+            .unwrap_or_else(|| fail(&format!("--url {url}: only http:// URLs are supported")));
+        let (authority, base) = rest.split_once('/').unwrap_or((rest, ""));
+        let base = match base.trim_end_matches('/') {
+            "" => String::new(),
+            path => format!("/{path}"),
+        };
+        Gateway {
+            authority: authority.to_owned(),
+            base,
+            idle: Arc::default(),
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let stream = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|e| format!("connecting to {}: {e}", self.authority))?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+
+    /// Sends one request; its status and body. A connection that failed is not reused.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let pooled = self.idle.lock().unwrap().pop();
+        let mut sender = match pooled {
+            Some(s) if !s.is_closed() => s,
+            _ => self.connect().await?,
+        };
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header(HOST, &self.authority)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        self.idle.lock().unwrap().push(sender);
+        Ok((status, body))
+    }
+
+    /// POSTs `body`; the response body when `accept` takes its status, else an error.
+    async fn call(
+        &self,
+        path: &str,
+        body: &Value,
+        accept: fn(StatusCode) -> bool,
+    ) -> Result<Bytes, String> {
+        let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        let (status, body) = self.send(Method::POST, path, body.into()).await?;
+        if accept(status) {
+            Ok(body)
+        } else {
+            Err(format!("{status}: {}", String::from_utf8_lossy(&body)))
+        }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<Bytes, String> {
+        self.call(path, body, |s| s.is_success()).await
+    }
+
+    /// The HTTP traffic of `e2e` without its JetStream work: per job a PUSH, a FETCH and an
+    /// ACK from `tasks` concurrent clients, each invalid in one field so the gateway answers
+    /// 400 before touching NATS. What the requests alone cost both processes.
+    pub async fn http_only(&self, queue: &str, jobs: usize, tasks: usize, tally: Arc<Tally>) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        produce(jobs, 1, tasks, None, tally, move |i, _| {
+            let (gw, queue) = (gw.clone(), queue.clone());
+            Box::pin(async move {
+                let rejected = |s| s == StatusCode::BAD_REQUEST;
+                let push =
+                    json!({"type": "bench.job", "queue": queue.to_uppercase(), "args": [i, 0]});
+                gw.call("/ojs/v1/jobs", &push, rejected).await?;
+                let fetch = json!({"queues": [queue], "count": 1, "worker_id": "bench-http",
+                    "wait_ms": -1});
+                gw.call("/ojs/v1/workers/fetch", &fetch, rejected).await?;
+                let ack = json!({"job_id": i, "worker_id": "bench-http"});
+                gw.call("/ojs/v1/workers/ack", &ack, rejected).await?;
+                Ok(())
+            })
+        })
+        .await;
+    }
+
+    /// PUSH (`batch` 1) or batch PUSH; jobs carry `[index, enqueue time]` as args.
+    pub async fn enqueue(&self, queue: &str, load: Load, clock: Instant, tally: Arc<Tally>) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        produce(
+            load.jobs,
+            load.batch,
+            load.producers,
+            load.pace,
+            tally,
+            move |first, n| {
+                let (gw, queue) = (gw.clone(), queue.clone());
+                Box::pin(async move {
+                    let sent = micros(clock);
+                    let job =
+                        |i: usize| json!({"type": "bench.job", "queue": queue, "args": [i, sent]});
+                    if load.batch == 1 {
+                        gw.post("/ojs/v1/jobs", &job(first)).await?;
+                    } else {
+                        let list: Vec<Value> = (first..first + n).map(job).collect();
+                        gw.post("/ojs/v1/jobs/batch", &json!({ "jobs": list }))
+                            .await?;
+                    }
+                    Ok(())
+                })
+            },
+        )
+        .await;
+    }
+
+    /// Batch PUSH of `jobs` jobs scheduled evenly from `TIMER_LEAD` to `TIMER_LEAD` +
+    /// `TIMER_SPREAD` after now; each carries its due time, so a worker's latency for it is
+    /// how late it became fetchable.
+    pub async fn schedule(
+        &self,
+        queue: &str,
+        jobs: usize,
+        producers: usize,
+        clock: Instant,
+        tally: Arc<Tally>,
+    ) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        // Due times in whole milliseconds, as `scheduled_at` carries them: `start` is the
+        // benchmark's clock at the whole millisecond `wall`.
+        let (now, start) = (chrono::Utc::now(), micros(clock));
+        let start = start - u64::from(now.timestamp_subsec_micros() % 1000);
+        let wall = chrono::DateTime::from_timestamp_millis(now.timestamp_millis())
+            .expect("a current time");
+        produce(jobs, 1000, producers, None, tally, move |first, n| {
+            let (gw, queue) = (gw.clone(), queue.clone());
+            Box::pin(async move {
+                let list: Vec<Value> = (first..first + n)
+                    .map(|i| {
+                        let spread = TIMER_SPREAD.as_millis() as usize * i / jobs;
+                        let due = TIMER_LEAD + Duration::from_millis(spread as u64);
+                        let at = wall + chrono::Duration::from_std(due).expect("a short offset");
+                        json!({"type": "bench.job", "args": [i, start + due.as_micros() as u64],
+                            "options": {"queue": queue, "scheduled_at":
+                                at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)}})
+                    })
+                    .collect();
+                gw.post("/ojs/v1/jobs/batch", &json!({ "jobs": list }))
+                    .await?;
+                Ok(())
+            })
+        })
+        .await;
+    }
+
+    /// Workers FETCH `count` at a time and ACK each job.
+    pub async fn work(
+        &self,
+        queue: &str,
+        count: usize,
+        workers: usize,
+        target: usize,
+        clock: Instant,
+        tally: Arc<Tally>,
+    ) -> Vec<u64> {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        consume(workers, target, tally, move |w| {
+            let gw = gw.clone();
+            let worker_id = format!("bench-worker-{w}");
+            let request = json!({"queues": [queue], "count": count, "worker_id": worker_id,
+                "wait_ms": FETCH_WAIT.as_millis() as u64});
+            Box::pin(async move {
+                let mut round = Round::default();
+                let fetched = gw
+                    .post("/ojs/v1/workers/fetch", &request)
+                    .await
+                    .and_then(|body| {
+                        serde_json::from_slice::<Fetched>(&body).map_err(|e| e.to_string())
+                    });
+                let jobs = match fetched {
+                    Ok(f) => f.jobs,
+                    Err(e) => {
+                        round.errors.push(e);
+                        return round;
+                    }
+                };
+                let now = micros(clock);
+                round.fetched = jobs.len();
+                for job in &jobs {
+                    if now < job.args.1 {
+                        let early = job.args.1 - now;
+                        round
+                            .errors
+                            .push(format!("job {} fetched {early} µs early", job.id));
+                    }
+                    round.latencies.push(now.saturating_sub(job.args.1));
+                    let ack = json!({"job_id": job.id, "worker_id": worker_id});
+                    match gw.post("/ojs/v1/workers/ack", &ack).await {
+                        Ok(_) => round.complete(),
+                        Err(e) => round.errors.push(e),
+                    }
+                }
+                round
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,132 @@
+//! The ojs-jetstream benchmark (docs/performance.md). It drives a running gateway over HTTP
+//! with keep-alive connections and, in the same run, the gateway's NATS server directly with
+//! async-nats doing the minimum a job needs (the *floor*): every gateway figure is quoted as
+//! a ratio to the floor measured minutes earlier on the same machine.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--url http://127.0.0.1:8080]
+//!     [--nats nats://127.0.0.1:4222] [--namespace ojs] [--jobs 20000] [--producers 64]
+//!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
+//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory][,timers]]
+//!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
+//! ```
+//!
+//! `scripts/bench.sh` starts a fresh nats-server and a release gateway and runs this against
+//! them. Prints a table, then one JSON line per scenario. Failed requests are counted in
+//! `errors`; jobs that never came back are counted in `missing`. With the pids given, each
+//! scenario also reports the CPU seconds the gateway, nats-server and the benchmark used.
+//! The `e2e` scenario ends with `e2e-http-only`: the same requests answered without NATS
+//! work, which shows how much of the machine HTTP alone takes. `memory` and `timers` run
+//! only when named.
+
+mod drivers;
+#[path = "../common/flags.rs"]
+mod flags;
+mod floor;
+mod gateway;
+mod process;
+mod scenarios;
+mod settings;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+
+use crate::flags::fail;
+use crate::floor::Floor;
+use crate::gateway::Gateway;
+use crate::scenarios::{Bench, Load};
+use crate::settings::Settings;
+
+#[tokio::main]
+async fn main() {
+    let settings = Settings::from_args();
+    let floor = Floor::connect(&settings.nats).await;
+    let prefix = format!("bench-{}", std::process::id());
+    let gateway = Gateway::new(&settings.url);
+    if gateway
+        .send(Method::GET, "/ojs/v1/health", Bytes::new())
+        .await
+        .is_err()
+    {
+        fail(&format!("no gateway answers at {}", settings.url));
+    }
+    let mut bench = Bench::new(settings.clone(), gateway, prefix, floor.clone());
+    let s = &settings;
+    let single = Load {
+        jobs: s.jobs,
+        batch: 1,
+        producers: s.producers,
+        pace: None,
+    };
+    let batched = |batch| Load {
+        batch,
+        producers: s.batch_producers,
+        ..single
+    };
+
+    if s.wants("enqueue") || s.wants("drain") {
+        let report = s.wants("enqueue");
+        // The floor's queue gets the jobs of both of its drains; the gateway's, those of all
+        // three enqueue scenarios (drained by drain-1 and drain-16).
+        bench
+            .enqueue(
+                true,
+                "enqueue",
+                "drain",
+                Load {
+                    jobs: 2 * s.jobs,
+                    ..single
+                },
+                report,
+            )
+            .await;
+        bench
+            .enqueue(false, "enqueue-1", "drain", single, report)
+            .await;
+        bench
+            .enqueue(false, "enqueue-batch-100", "drain", batched(100), report)
+            .await;
+        bench
+            .enqueue(false, "enqueue-batch-1000", "drain", batched(1000), report)
+            .await;
+    }
+    if s.wants("drain") {
+        bench.drain(true, 1, s.jobs).await;
+        bench.drain(false, 1, s.jobs).await;
+        // The rest of each queue.
+        bench.drain(true, 16, usize::MAX).await;
+        bench.drain(false, 16, usize::MAX).await;
+    }
+    if s.wants("e2e") {
+        bench.run_through(true, "e2e", single, s.workers).await;
+        bench.run_through(false, "e2e", single, s.workers).await;
+        bench.http_only().await;
+    }
+    if s.wants("latency") {
+        let paced = Load {
+            jobs: (s.rate * s.latency_secs) as usize,
+            batch: 1,
+            producers: 4,
+            pace: Some(Duration::from_secs_f64(1.0 / s.rate as f64)),
+        };
+        bench
+            .run_through(true, "latency", paced, s.latency_workers)
+            .await;
+        bench
+            .run_through(false, "latency", paced, s.latency_workers)
+            .await;
+    }
+    if s.wants("memory") {
+        match s.gateway_pid {
+            Some(pid) => bench.memory(pid).await,
+            None => eprintln!("bench: the memory scenario needs --gateway-pid; skipped"),
+        }
+    }
+    if s.wants("timers") {
+        bench.timers().await;
+    }
+    floor.clean_up().await;
+    bench.report();
+}

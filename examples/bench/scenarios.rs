@@ -1,0 +1,531 @@
+//! The scenarios, each run against the floor and the gateway, and their report.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use serde_json::json;
+
+use crate::drivers::Tally;
+use crate::floor::Floor;
+use crate::gateway::Gateway;
+use crate::process::{rss_mb, CpuMeter};
+use crate::settings::Settings;
+
+/// `timers`: the first job is due this long after its enqueue starts, the last one
+/// `TIMER_SPREAD` later, the others evenly between.
+pub const TIMER_LEAD: Duration = Duration::from_secs(15);
+pub const TIMER_SPREAD: Duration = Duration::from_secs(100);
+
+/// What one scenario measured.
+#[derive(Default)]
+pub struct Outcome {
+    name: String,
+    jobs: usize,
+    seconds: f64,
+    errors: u64,
+    missing: usize,
+    /// Enqueue→fetch latencies in microseconds (latency scenarios only).
+    latencies: Vec<u64>,
+    /// The floor scenario this one is compared with.
+    floor: Option<String>,
+    /// Seconds the gateway's event publisher needed afterwards to catch up.
+    events_catch_up: Option<f64>,
+    rss_idle_mb: Option<f64>,
+    rss_loaded_mb: Option<f64>,
+    /// CPU seconds per process during the scenario.
+    cpu: Vec<(&'static str, f64)>,
+}
+
+impl Outcome {
+    fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.jobs as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    fn percentile(&self, p: f64) -> Option<f64> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        Some(sorted[index] as f64 / 1000.0)
+    }
+}
+
+/// Queue names the benchmark uses (prefixed per run).
+pub const QUEUES: [&str; 5] = ["drain", "e2e", "latency", "memory", "timers"];
+
+/// How jobs are offered.
+#[derive(Clone, Copy)]
+pub struct Load {
+    pub jobs: usize,
+    pub batch: usize,
+    pub producers: usize,
+    pub pace: Option<Duration>,
+}
+
+/// The system under measurement.
+#[derive(Clone)]
+pub enum Side {
+    Gateway(Gateway, String),
+    Floor(Box<Floor>),
+}
+
+impl Side {
+    fn queue(&self, name: &str) -> String {
+        match self {
+            Side::Gateway(_, prefix) => format!("{prefix}-{name}"),
+            Side::Floor(_) => name.to_owned(),
+        }
+    }
+
+    async fn enqueue(&self, queue: &str, load: Load, clock: Instant, tally: Arc<Tally>) {
+        match self {
+            Side::Gateway(gw, _) => gw.enqueue(queue, load, clock, tally).await,
+            Side::Floor(floor) => {
+                floor.queue(queue).await;
+                floor.enqueue(queue, load, clock, tally).await;
+            }
+        }
+    }
+
+    async fn work(
+        &self,
+        queue: &str,
+        count: usize,
+        workers: usize,
+        target: usize,
+        clock: Instant,
+        tally: Arc<Tally>,
+    ) -> Vec<u64> {
+        match self {
+            Side::Gateway(gw, _) => gw.work(queue, count, workers, target, clock, tally).await,
+            Side::Floor(floor) => {
+                floor
+                    .work(queue, count, workers, target, clock, tally)
+                    .await
+            }
+        }
+    }
+}
+
+pub struct Bench {
+    settings: Settings,
+    gateway: Side,
+    floor: Side,
+    /// The gateway's jobs bucket stream, to wait for its event publisher.
+    js: jetstream::Context,
+    clock: Instant,
+    outcomes: Vec<Outcome>,
+    /// Jobs waiting in the drain queue: floor, gateway.
+    queued: [usize; 2],
+}
+
+impl Bench {
+    /// A benchmark of the gateway, its queues named with `prefix`, against `floor`.
+    pub fn new(settings: Settings, gateway: Gateway, prefix: String, floor: Floor) -> Bench {
+        Bench {
+            settings,
+            gateway: Side::Gateway(gateway, prefix),
+            js: floor.js.clone(),
+            floor: Side::Floor(Box::new(floor)),
+            clock: Instant::now(),
+            outcomes: Vec::new(),
+            queued: [0, 0],
+        }
+    }
+
+    fn side(&self, floor: bool) -> Side {
+        if floor {
+            self.floor.clone()
+        } else {
+            self.gateway.clone()
+        }
+    }
+
+    fn meter(&self) -> CpuMeter {
+        CpuMeter::start(vec![
+            ("gateway", self.settings.gateway_pid),
+            ("nats", self.settings.nats_pid),
+            ("bench", Some(std::process::id())),
+        ])
+    }
+
+    fn name(floor: bool, name: &str) -> String {
+        if floor {
+            format!("floor-{name}")
+        } else {
+            name.to_owned()
+        }
+    }
+
+    /// Times an enqueue of `load` into `queue`.
+    pub async fn enqueue(
+        &mut self,
+        floor: bool,
+        name: &str,
+        queue: &str,
+        load: Load,
+        report: bool,
+    ) {
+        let side = self.side(floor);
+        let queue = side.queue(queue);
+        let tally = Arc::new(Tally::default());
+        let start = Instant::now();
+        let meter = self.meter();
+        side.enqueue(&queue, load, self.clock, tally.clone()).await;
+        self.queued[usize::from(!floor)] += tally.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: Bench::name(floor, name),
+            jobs: tally.done.load(Ordering::Relaxed),
+            seconds: start.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: load.jobs - tally.done.load(Ordering::Relaxed),
+            floor: (!floor).then(|| "floor-enqueue".to_owned()),
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(floor, &mut outcome).await;
+        progress(&outcome);
+        if report {
+            self.outcomes.push(outcome);
+        }
+    }
+
+    /// Times fetching and acknowledging `target` of the jobs waiting in the drain queue.
+    pub async fn drain(&mut self, floor: bool, count: usize, target: usize) {
+        let target = target.min(self.queued[usize::from(!floor)]);
+        let side = self.side(floor);
+        let queue = side.queue("drain");
+        let tally = Arc::new(Tally::default());
+        let start = Instant::now();
+        let meter = self.meter();
+        let workers = self.settings.workers;
+        side.work(&queue, count, workers, target, self.clock, tally.clone())
+            .await;
+        let done = tally.done.load(Ordering::Relaxed);
+        self.queued[usize::from(!floor)] -= done.min(self.queued[usize::from(!floor)]);
+        let mut outcome = Outcome {
+            name: Bench::name(floor, &format!("drain-{count}")),
+            jobs: done,
+            seconds: tally.seconds_since(start),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: target.saturating_sub(done),
+            floor: (!floor).then(|| format!("floor-drain-{count}")),
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(floor, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// Producers and workers at once; from the first enqueue to the last ack. `pace` turns
+    /// it into the latency scenario.
+    pub async fn run_through(&mut self, floor: bool, name: &str, load: Load, workers: usize) {
+        let side = self.side(floor);
+        let queue = side.queue(name);
+        let produced = Arc::new(Tally::default());
+        let consumed = Arc::new(Tally::default());
+        let start = Instant::now();
+        let meter = self.meter();
+        let producers = {
+            let (side, queue, produced, clock) =
+                (side.clone(), queue.clone(), produced.clone(), self.clock);
+            tokio::spawn(async move { side.enqueue(&queue, load, clock, produced).await })
+        };
+        let latencies = side
+            .work(&queue, 1, workers, load.jobs, self.clock, consumed.clone())
+            .await;
+        let _ = producers.await;
+        let done = consumed.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: Bench::name(floor, name),
+            jobs: done,
+            seconds: consumed.seconds_since(start),
+            errors: produced.errors.load(Ordering::Relaxed)
+                + consumed.errors.load(Ordering::Relaxed),
+            missing: load.jobs.saturating_sub(done),
+            floor: (!floor).then(|| format!("floor-{name}")),
+            latencies: if load.pace.is_some() {
+                latencies
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(floor, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// `e2e`'s requests answered without NATS work (`Gateway::http_only`), compared with the
+    /// floor's `e2e`: the share of the machine HTTP alone takes.
+    pub async fn http_only(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let queue = self.gateway.queue("e2e-http-only");
+        let tally = Arc::new(Tally::default());
+        let jobs = self.settings.jobs;
+        let start = Instant::now();
+        let meter = self.meter();
+        gw.http_only(
+            &queue,
+            jobs,
+            self.settings.producers + self.settings.workers,
+            tally.clone(),
+        )
+        .await;
+        let mut outcome = Outcome {
+            name: "e2e-http-only".into(),
+            jobs: tally.done.load(Ordering::Relaxed),
+            seconds: start.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: jobs - tally.done.load(Ordering::Relaxed),
+            floor: Some("floor-e2e".into()),
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// 500,000 (by default) jobs queued in batches of 1000: the gateway's RSS before and after.
+    pub async fn memory(&mut self, pid: u32) {
+        let idle = rss_mb(pid);
+        let load = Load {
+            jobs: self.settings.memory_jobs,
+            batch: 1000,
+            producers: self.settings.batch_producers,
+            pace: None,
+        };
+        let side = self.gateway.clone();
+        let queue = side.queue("memory");
+        let tally = Arc::new(Tally::default());
+        let start = Instant::now();
+        let meter = self.meter();
+        side.enqueue(&queue, load, self.clock, tally.clone()).await;
+        let mut outcome = Outcome {
+            name: "memory".into(),
+            jobs: tally.done.load(Ordering::Relaxed),
+            seconds: start.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: load.jobs - tally.done.load(Ordering::Relaxed),
+            rss_idle_mb: idle,
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(false, &mut outcome).await;
+        outcome.rss_loaded_mb = rss_mb(pid);
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// `timer_jobs` (100,000 by default) jobs scheduled over `TIMER_SPREAD`: the leader's RSS
+    /// once it holds all their timers, and how late each one became fetchable.
+    pub async fn timers(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let gw = gw.clone();
+        let pid = self.settings.gateway_pid;
+        let idle = pid.and_then(rss_mb);
+        let queue = self.gateway.queue("timers");
+        let jobs = self.settings.timer_jobs;
+        let produced = Arc::new(Tally::default());
+        let meter = self.meter();
+        let first_due = Instant::now() + TIMER_LEAD;
+        gw.schedule(
+            &queue,
+            jobs,
+            self.settings.batch_producers,
+            self.clock,
+            produced.clone(),
+        )
+        .await;
+        let scheduled = produced.done.load(Ordering::Relaxed);
+        // RSS once the leader holds every timer and the gateway is quiet again: the event
+        // publisher has caught up and the idle-memory hook has run.
+        let loaded = match pid {
+            Some(pid) if self.timers_loaded().await => {
+                self.settle(false, &mut Outcome::default()).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                rss_mb(pid)
+            }
+            _ => None,
+        };
+        eprintln!(
+            "bench: timers — {scheduled} jobs scheduled, RSS {} MB with their timers loaded, \
+             the first due in {:.1} s",
+            loaded.map_or_else(|| "-".to_owned(), |mb| format!("{mb:.1}")),
+            first_due
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64()
+        );
+        let consumed = Arc::new(Tally::default());
+        let latencies = gw
+            .work(
+                &queue,
+                1,
+                self.settings.workers,
+                scheduled,
+                self.clock,
+                consumed.clone(),
+            )
+            .await;
+        let done = consumed.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: "timers".into(),
+            jobs: done,
+            seconds: consumed.seconds_since(first_due),
+            errors: produced.errors.load(Ordering::Relaxed)
+                + consumed.errors.load(Ordering::Relaxed),
+            missing: jobs.saturating_sub(done),
+            latencies,
+            rss_idle_mb: idle,
+            rss_loaded_mb: loaded,
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(false, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// Waits (up to 30 s) until the leader has been handed every stored timer; false if it
+    /// was not, or the timers stream could not be read.
+    async fn timers_loaded(&self) -> bool {
+        let stream = format!("{}-timers", self.settings.namespace);
+        let limit = Duration::from_secs(30);
+        self.wait_for_consumer(&stream, "scheduler", limit, |info| info.num_pending == 0)
+            .await
+    }
+
+    /// After a gateway scenario, waits until its event publisher has caught up, so the next
+    /// scenario starts from a quiet system; the wait is reported, not hidden.
+    async fn settle(&self, floor: bool, outcome: &mut Outcome) {
+        if floor {
+            return;
+        }
+        let start = Instant::now();
+        let stream = format!("KV_{}-jobs", self.settings.namespace);
+        let limit = Duration::from_secs(60);
+        self.wait_for_consumer(&stream, "event-publisher", limit, |info| {
+            info.num_pending == 0 && info.num_ack_pending == 0
+        })
+        .await;
+        outcome.events_catch_up = Some(start.elapsed().as_secs_f64());
+    }
+
+    /// Polls the gateway's consumer `name` on `stream` until `done` holds for it, at most
+    /// `limit`; false when it did not, or the consumer could not be read (said on stderr).
+    async fn wait_for_consumer(
+        &self,
+        stream: &str,
+        name: &str,
+        limit: Duration,
+        done: impl Fn(&jetstream::consumer::Info) -> bool,
+    ) -> bool {
+        let Ok(mut consumer) = self
+            .js
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(name, stream)
+            .await
+        else {
+            eprintln!("bench: no consumer {name} on {stream}; not waiting for it");
+            return false;
+        };
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            match consumer.info().await {
+                Ok(info) if done(info) => return true,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    pub fn report(&self) {
+        println!(
+            "{:<20} {:>8} {:>8} {:>10} {:>10} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}  cpu s (gateway/nats/bench)",
+            "scenario",
+            "jobs",
+            "secs",
+            "jobs/s",
+            "floor/s",
+            "ratio",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "errors",
+            "missing",
+        );
+        let fmt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+        };
+        for o in &self.outcomes {
+            let floor = o
+                .floor
+                .as_ref()
+                .and_then(|f| self.outcomes.iter().find(|x| &x.name == f));
+            let floor_rate = floor.map(Outcome::rate);
+            let ratio = floor_rate.map(|f| o.rate() / f);
+            let (p50, p99, max) = (o.percentile(0.5), o.percentile(0.99), o.percentile(1.0));
+            let floor_p99 = floor.and_then(|f| f.percentile(0.99));
+            println!(
+                "{:<20} {:>8} {:>8.2} {:>10.0} {:>10} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}  {}",
+                o.name,
+                o.jobs,
+                o.seconds,
+                o.rate(),
+                fmt(floor_rate, 0),
+                fmt(ratio, 2),
+                fmt(p50, 2),
+                fmt(p99, 2),
+                fmt(max, 2),
+                o.errors,
+                o.missing,
+                o.cpu
+                    .iter()
+                    .map(|(_, v)| format!("{v:.1}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            );
+            let line = json!({
+                "scenario": o.name,
+                "jobs": o.jobs,
+                "seconds": o.seconds,
+                "jobs_per_sec": o.rate(),
+                "floor": o.floor,
+                "floor_jobs_per_sec": floor_rate,
+                "ratio_to_floor": ratio,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "max_ms": max,
+                "floor_p99_ms": floor_p99,
+                "errors": o.errors,
+                "missing": o.missing,
+                "events_catch_up_secs": o.events_catch_up,
+                "rss_idle_mb": o.rss_idle_mb,
+                "rss_loaded_mb": o.rss_loaded_mb,
+                "cpu_secs": o.cpu.iter().map(|(n, v)| (n.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            });
+            eprintln!("{line}");
+        }
+    }
+}
+
+pub fn progress(o: &Outcome) {
+    eprintln!(
+        "bench: {} — {} jobs in {:.2} s, {} errors, {} missing",
+        o.name, o.jobs, o.seconds, o.errors, o.missing
+    );
+}

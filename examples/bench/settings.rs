@@ -1,0 +1,55 @@
+//! The benchmark's command line.
+
+use crate::flags::Flags;
+
+#[derive(Clone)]
+pub struct Settings {
+    pub url: String,
+    pub nats: String,
+    pub namespace: String,
+    pub jobs: usize,
+    pub producers: usize,
+    pub workers: usize,
+    pub batch_producers: usize,
+    pub rate: u64,
+    pub latency_secs: u64,
+    pub latency_workers: usize,
+    scenarios: Vec<String>,
+    pub gateway_pid: Option<u32>,
+    pub nats_pid: Option<u32>,
+    pub memory_jobs: usize,
+    pub timer_jobs: usize,
+}
+
+impl Settings {
+    pub fn from_args() -> Settings {
+        let mut f = Flags::parse();
+        let settings = Settings {
+            url: f.text("url", "http://127.0.0.1:8080"),
+            nats: f.text("nats", "nats://127.0.0.1:4222"),
+            namespace: f.text("namespace", "ojs"),
+            scenarios: f
+                .text("scenarios", "enqueue,drain,e2e,latency")
+                .split(',')
+                .map(str::to_owned)
+                .collect(),
+            jobs: f.number("jobs", 20_000),
+            producers: f.number("producers", 64),
+            workers: f.number("workers", 64),
+            batch_producers: f.number("batch-producers", 8),
+            rate: f.number("rate", 200),
+            latency_secs: f.number("latency-secs", 10),
+            latency_workers: f.number("latency-workers", 8),
+            gateway_pid: f.get("gateway-pid"),
+            nats_pid: f.get("nats-pid"),
+            memory_jobs: f.number("memory-jobs", 500_000),
+            timer_jobs: f.number("timer-jobs", 100_000),
+        };
+        f.finish();
+        settings
+    }
+
+    pub fn wants(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s == scenario)
+    }
+}

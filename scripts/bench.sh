@@ -10,30 +10,28 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+# shellcheck source=scripts/lib.sh
+source "$repo/scripts/lib.sh"
 nats_port="${BENCH_NATS_PORT:-14222}"
 http_port="${BENCH_HTTP_PORT:-18080}"
 
 cargo build --release --bin ojs-jetstream --example bench >&2
 nats_bin="$(scripts/ensure-nats.sh | tail -n 1)"
 
-port_open() {
-    # bash's /dev/tcp: a successful connect means something listens there.
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
 
 work="$(mktemp -d)"
-pids=()
+nats_pid=""
+gateway_pid=""
+# shellcheck disable=SC2317  # called from a trap
 cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    wait 2>/dev/null || true
+    stop_process "$gateway_pid"
+    stop_process "$nats_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
 
 for port in "$nats_port" "$http_port"; do
-    if port_open "$port"; then
+    if port_open 127.0.0.1 "$port"; then
         echo "bench: port $port is in use; stop what listens there or set BENCH_NATS_PORT/BENCH_HTTP_PORT" >&2
         exit 1
     fi
@@ -41,20 +39,12 @@ done
 
 "$nats_bin" -js -a 127.0.0.1 -p "$nats_port" -sd "$work/nats" >"$work/nats.log" 2>&1 &
 nats_pid=$!
-pids+=("$nats_pid")
-for _ in $(seq 100); do
-    port_open "$nats_port" && break
-    sleep 0.1
-done
+wait_until nats-server "$nats_pid" "$work/nats.log" 10 port_open 127.0.0.1 "$nats_port"
 
 OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" \
     target/release/ojs-jetstream serve >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
-pids+=("$gateway_pid")
-for _ in $(seq 100); do
-    curl -fs "http://127.0.0.1:$http_port/ojs/v1/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+wait_until gateway "$gateway_pid" "$work/gateway.log" 30 http_ok "http://127.0.0.1:$http_port/ojs/v1/health"
 
 echo "bench: $("$nats_bin" --version), $(nproc) cores, gateway pid $gateway_pid" >&2
 target/release/examples/bench --url "http://127.0.0.1:$http_port" \

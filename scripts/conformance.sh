@@ -38,6 +38,8 @@ for level in "$@"; do
 done
 
 cd "$repo"
+# shellcheck source=scripts/lib.sh
+source "$repo/scripts/lib.sh"
 # All targets, so features unify as in `cargo test`: after a test run this build has
 # nothing left to do.
 echo "conformance: building the gateway" >&2
@@ -55,25 +57,10 @@ nats_pid=""
 gateway_pid=""
 
 # shellcheck disable=SC2317  # called from a trap
-stop() {
-    # Stops one process started here: TERM, a short grace period, then KILL.
-    local pid="$1"
-    [[ -n "$pid" ]] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || true
-}
-# shellcheck disable=SC2317  # called from a trap
 cleanup() {
     # Gateway first, so it never sees its NATS server disappear under it.
-    stop "$gateway_pid"
-    stop "$nats_pid"
+    stop_process "$gateway_pid"
+    stop_process "$nats_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -101,28 +88,12 @@ if [[ -n "${OJS_CONFORMANCE_SKIP:-}" ]]; then
     suite_args=("${filtered[@]}")
 fi
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 nats_port="$(free_port)"
 mkdir -p "$work/nats"
 "$nats_bin" -js -sd "$work/nats" -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
 nats_pid=$!
 
-# Wait for NATS to accept connections, so a broken server is reported as such.
-for _ in $(seq 1 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break
-    if ! kill -0 "$nats_pid" 2>/dev/null; then
-        break
-    fi
-    sleep 0.1
-done
-if ! (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null; then
-    echo "conformance: nats-server did not start on 127.0.0.1:$nats_port; its log:" >&2
-    cat "$work/nats.log" >&2
-    exit 1
-fi
+wait_until nats-server "$nats_pid" "$work/nats.log" 30 port_open 127.0.0.1 "$nats_port"
 
 gateway_port="$(free_port)"
 base="http://127.0.0.1:$gateway_port"
@@ -138,36 +109,7 @@ env -u OJS_SHARED_DIR \
 gateway_pid=$!
 
 echo "conformance: waiting for $base/ojs/v1/health" >&2
-if ! python3 - "$base/ojs/v1/health" "$gateway_pid" <<'PY'
-import os, sys, time, urllib.request, urllib.error
-
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as stat:
-            exited = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        exited = True
-    if exited:
-        print("conformance: the gateway exited during start-up", file=sys.stderr)
-        sys.exit(1)
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                sys.exit(0)
-    except (urllib.error.URLError, OSError):
-        pass
-    time.sleep(0.2)
-print("conformance: no 200 from the health endpoint within 60 s", file=sys.stderr)
-sys.exit(1)
-PY
-then
-    echo "conformance: gateway log:" >&2
-    cat "$work/gateway.log" >&2
-    exit 1
-fi
+wait_until gateway "$gateway_pid" "$work/gateway.log" 60 http_ok "$base/ojs/v1/health"
 
 status=0
 python3 "$runner" --url "$base" "${suite_args[@]}" --reset-url "$base/ojs/v1/admin/reset" || status=$?

@@ -13,10 +13,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The default config path (config/ojs-jetstream.toml) is relative to the working directory.
 cd "$repo"
 
-port_open() {
-    # bash's /dev/tcp: a successful connect means something listens there.
-    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
-}
+# shellcheck source=scripts/lib.sh
+source "$repo/scripts/lib.sh"
 
 if [[ -n "${OJS_NATS_URL:-}" ]]; then
     exec cargo run --release -- serve "$@"
@@ -39,35 +37,8 @@ echo "serve: starting $nats_bin on 127.0.0.1:4222, store in data/nats, log in da
 setsid "$nats_bin" -js -sd "$repo/data/nats" -a 127.0.0.1 -p 4222 >>"$nats_log" 2>&1 &
 nats_pid=$!
 
-# shellcheck disable=SC2317  # called from a trap
-stop_nats() {
-    if kill -0 "$nats_pid" 2>/dev/null; then
-        kill -TERM "$nats_pid" 2>/dev/null || true
-        # nats-server flushes its JetStream store on TERM; give it a moment.
-        for _ in $(seq 1 50); do
-            kill -0 "$nats_pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$nats_pid" 2>/dev/null || true
-    fi
-    wait "$nats_pid" 2>/dev/null || true
-}
-trap stop_nats EXIT
-
-for _ in $(seq 1 100); do
-    port_open 127.0.0.1 4222 && break
-    if ! kill -0 "$nats_pid" 2>/dev/null; then
-        echo "serve: nats-server exited at start; its log:" >&2
-        cat "$nats_log" >&2
-        exit 1
-    fi
-    sleep 0.1
-done
-if ! port_open 127.0.0.1 4222; then
-    echo "serve: nats-server did not listen on 127.0.0.1:4222 within 10 s; its log:" >&2
-    cat "$nats_log" >&2
-    exit 1
-fi
+trap 'stop_process "$nats_pid"' EXIT
+wait_until nats-server "$nats_pid" "$nats_log" 10 port_open 127.0.0.1 4222
 
 # Not exec: the EXIT trap must stop nats-server after the gateway stops. The gateway runs
 # in the background so that Ctrl-C or TERM reaching this script is passed on to it as TERM

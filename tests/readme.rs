@@ -1,8 +1,13 @@
-//! The README's module tree stays true: every source file is listed under its folder, and
-//! every file listed exists.
+//! The README stays true: its module tree lists every source file and nothing else, and its
+//! example requests, run against a gateway, answer what it shows.
 
-use std::collections::BTreeSet;
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 
 /// The README's tree of `src/`: the code block that starts with `src/`.
 fn readme_tree() -> String {
@@ -64,4 +69,342 @@ fn the_readme_lists_every_source_file_and_nothing_else() {
         .filter(|w| w.ends_with(".rs") && !files.contains(*w))
         .collect();
     assert!(stale.is_empty(), "listed but not in src/: {stale:?}");
+}
+
+/// One `$ curl …` of the README's console blocks and the output shown under it.
+struct Example {
+    command: String,
+    output: Vec<String>,
+}
+
+fn console_examples() -> Vec<Example> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let mut examples: Vec<Example> = Vec::new();
+    for block in readme.split("```console\n").skip(1) {
+        let block = &block[..block.find("```").expect("a console block's end")];
+        let mut continued = false;
+        for line in block.lines() {
+            if let Some(command) = line.strip_prefix("$ ") {
+                examples.push(Example {
+                    command: command.to_owned(),
+                    output: Vec::new(),
+                });
+            } else if continued {
+                examples.last_mut().unwrap().command.push_str(line);
+            } else {
+                examples
+                    .last_mut()
+                    .expect("a console block starts with a command")
+                    .output
+                    .push(line.to_owned());
+            }
+            continued = line.ends_with('\\');
+            if continued {
+                let command = &mut examples.last_mut().unwrap().command;
+                command.truncate(command.len() - 1);
+            }
+        }
+    }
+    examples
+}
+
+/// Shell words, with single quotes (all the README uses) and `|` as a word of its own.
+fn words(command: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = command.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                w.extend(chars.by_ref().take_while(|&c| c != '\''));
+            }
+            c if c.is_whitespace() => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// A curl invocation, then the `grep PATTERN` stages it is piped through.
+struct Request {
+    method: reqwest::Method,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Option<String>,
+    include_headers: bool,
+    greps: Vec<String>,
+}
+
+fn request(command: &str) -> Request {
+    let words = words(command);
+    let mut stages = words.split(|w| w == "|");
+    let curl = stages.next().unwrap();
+    assert_eq!(
+        curl[0], "curl",
+        "only curl commands in console blocks: {command}"
+    );
+    let mut request = Request {
+        method: reqwest::Method::GET,
+        url: String::new(),
+        headers: Vec::new(),
+        body: None,
+        include_headers: false,
+        greps: Vec::new(),
+    };
+    let mut args = curl[1..].iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-s" => {}
+            "-si" => request.include_headers = true,
+            "-X" => request.method = args.next().unwrap().parse().unwrap(),
+            "-H" => {
+                let (name, value) = args.next().unwrap().split_once(": ").unwrap();
+                request.headers.push((name.to_owned(), value.to_owned()));
+            }
+            "-d" => {
+                request.body = Some(args.next().unwrap().clone());
+                if request.method == reqwest::Method::GET {
+                    request.method = reqwest::Method::POST;
+                }
+            }
+            url if url.starts_with("http://") => request.url = url.to_owned(),
+            other => panic!("curl option {other} is not understood by this test: {command}"),
+        }
+    }
+    for stage in stages {
+        match stage[0].as_str() {
+            "grep" => request.greps.push(stage[1].clone()),
+            // Which series comes first is not fixed; the shown one must be among the grep's.
+            "head" => {}
+            other => panic!("pipeline stage {other} is not understood by this test: {command}"),
+        }
+    }
+    request
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// The job ids a text mentions.
+fn uuids(text: &str) -> Vec<&str> {
+    (0..text.len().saturating_sub(35))
+        .filter(|&i| text.is_char_boundary(i) && text.is_char_boundary(i + 36))
+        .map(|i| &text[i..i + 36])
+        .filter(|s| is_uuid(s))
+        .collect()
+}
+
+/// A `"key":value` shown in an example's output; `None` for an object, array or `…`.
+type Shown = (String, Option<Value>);
+
+/// The keys and scalar values of a shown JSON body that elides parts with `…`.
+fn shown_pairs(text: &str) -> Vec<Shown> {
+    fn string_at(text: &str, start: usize) -> (String, usize) {
+        let end = start + 1 + text[start + 1..].find('"').expect("a closing quote");
+        (text[start + 1..end].to_owned(), end + 1)
+    }
+    let mut pairs = Vec::new();
+    let mut i = 0;
+    while let Some(offset) = text[i..].find('"') {
+        let (word, after) = string_at(text, i + offset);
+        i = after;
+        if !text[i..].starts_with(':') {
+            continue;
+        }
+        i += 1;
+        let rest = &text[i..];
+        let value = if rest.starts_with('"') {
+            let (value, after) = string_at(text, i);
+            i = after;
+            Some(Value::String(value))
+        } else {
+            let end = rest.find([',', '}', ']']).unwrap_or(rest.len());
+            serde_json::from_str(&rest[..end]).ok()
+        };
+        pairs.push((word, value));
+    }
+    pairs
+}
+
+/// Every value stored under `key` anywhere in `value`.
+fn values_of<'v>(value: &'v Value, key: &str, found: &mut Vec<&'v Value>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k == key {
+                    found.push(v);
+                }
+                values_of(v, key, found);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| values_of(v, key, found)),
+        _ => {}
+    }
+}
+
+/// Checks a response body against the shown one: every key shown exists; shown booleans,
+/// numbers (but not durations, which vary) and digit-free strings (a `…` ends a prefix)
+/// are there under that key. A shown job id is learned the first time and must match
+/// afterwards; other strings with digits (times, cursors) are not compared.
+fn check_body(shown: &str, body: &Value, ids: &mut HashMap<String, String>) -> Result<(), String> {
+    for (key, value) in shown_pairs(shown) {
+        let mut found = Vec::new();
+        values_of(body, &key, &mut found);
+        if found.is_empty() {
+            return Err(format!("no \"{key}\" in {body}"));
+        }
+        let matches = |want: &dyn Fn(&Value) -> bool| found.iter().any(|v| want(v));
+        let ok = match &value {
+            None => true,
+            Some(Value::Number(_)) if key.ends_with("_ms") || key.ends_with("_seconds") => true,
+            Some(Value::String(s)) if is_uuid(s) => match ids.get(s) {
+                Some(real) => matches(&|v| v == real.as_str()),
+                None => {
+                    let real = found[0].as_str().ok_or(format!("\"{key}\" is no string"))?;
+                    ids.insert(s.clone(), real.to_owned());
+                    true
+                }
+            },
+            Some(Value::String(s)) if s.contains(|c: char| c.is_ascii_digit()) => true,
+            Some(Value::String(s)) => match s.split_once('…') {
+                Some((prefix, _)) => {
+                    matches(&|v| v.as_str().is_some_and(|v| v.starts_with(prefix)))
+                }
+                None => matches(&|v| v == s.as_str()),
+            },
+            Some(scalar) => matches(&|v| v == scalar),
+        };
+        if !ok {
+            return Err(format!("\"{key}\":{value:?} not in {body}"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one example against the gateway and checks its output.
+async fn check_example(
+    app: &common::TestApp,
+    example: &Example,
+    ids: &mut HashMap<String, String>,
+) -> Result<(), String> {
+    let mut command = example.command.replace("http://127.0.0.1:8080", &app.base);
+    for (shown, real) in ids.iter() {
+        command = command.replace(shown, real);
+    }
+    let request = request(&command);
+    let mut builder = app.http.request(request.method.clone(), &request.url);
+    for (name, value) in &request.headers {
+        builder = builder.header(name, value);
+    }
+    if let Some(body) = &request.body {
+        builder = builder.body(body.clone());
+    }
+    let response = builder.send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.map_err(|e| e.to_string())?;
+
+    let mut output = example.output.iter().map(String::as_str);
+    if !request.greps.is_empty() {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| request.greps.iter().all(|g| l.contains(g.as_str())))
+            .collect();
+        for shown in output {
+            let (series, _count) = shown.rsplit_once(' ').unwrap();
+            if !lines
+                .iter()
+                .any(|l| l.rsplit_once(' ').unwrap().0 == series)
+            {
+                return Err(format!("no series {series} among {lines:?}"));
+            }
+        }
+        return Ok(());
+    }
+    let mut shown_headers = Vec::new();
+    if request.include_headers {
+        let status_line = output.next().unwrap();
+        let code: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+        if status.as_u16() != code {
+            return Err(format!(
+                "status {status}, README shows {status_line}: {text}"
+            ));
+        }
+        shown_headers = output.by_ref().take_while(|l| !l.is_empty()).collect();
+    } else if !status.is_success() {
+        return Err(format!("status {status}: {text}"));
+    }
+    let body: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    check_body(&output.collect::<Vec<_>>().join(""), &body, ids)?;
+    for line in shown_headers.into_iter().filter(|l| *l != "…") {
+        let (name, shown) = line.split_once(": ").unwrap();
+        let want = ids
+            .iter()
+            .fold(shown.to_owned(), |v, (s, r)| v.replace(s, r));
+        let got = headers.get(name).and_then(|v| v.to_str().ok());
+        if got != Some(want.as_str()) {
+            return Err(format!("header {name}: {got:?}, README shows {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// The README's requests, run in order against a gateway, answer what the README shows.
+/// A job id first seen in a request (a job the text only mentions) is made for it: a job
+/// enqueued and fetched. The commands are typed seconds apart by a reader, so a job they
+/// name is given time to leave its retry backoff, and a read is retried while events are
+/// still on their way.
+#[tokio::test]
+async fn the_readme_requests_answer_what_the_readme_shows() {
+    let nats = common::NatsServer::start();
+    let app = common::spawn_app(&nats.url).await;
+    let mut ids: HashMap<String, String> = HashMap::new();
+    for example in console_examples() {
+        for shown in uuids(&example.command) {
+            if !ids.contains_key(shown) {
+                let id = app
+                    .enqueue(json!({"type": "readme.mentioned", "args": [], "queue": "readme"}))
+                    .await;
+                assert_eq!(
+                    common::job_ids(&Value::Array(app.fetch(&["readme"], "w1").await)),
+                    [id.as_str()]
+                );
+                ids.insert(shown.to_owned(), id);
+            }
+            let id = ids[shown].clone();
+            common::eventually(
+                Duration::from_secs(10),
+                "the job out of its backoff",
+                || {
+                    let app = &app;
+                    let id = id.clone();
+                    async move {
+                        let state = app.job(&id).await["state"].clone();
+                        (state != "retryable" && state != "scheduled").then_some(())
+                    }
+                },
+            )
+            .await;
+        }
+        let read_only = request(&example.command).method == reqwest::Method::GET;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match check_example(&app, &example, &mut ids).await {
+                Ok(()) => break,
+                Err(_) if read_only && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("README example `{}`: {e}", example.command),
+            }
+        }
+    }
+    app.stop().await;
 }

@@ -1,10 +1,11 @@
 //! Named points where the fault-injection tests make a gateway fail on purpose, to prove
-//! what docs/architecture.md says a failure there leaves behind. Set with the `failpoints`
-//! setting (`OJS_FAILPOINTS=leader.scheduler=panic`); unset, every point is a no-op that costs
-//! one emptiness check. Never set in production.
+//! what docs/architecture.md says a failure there leaves behind, or hold it to open a race
+//! window. Set with the `failpoints` setting (`OJS_FAILPOINTS=leader.scheduler=panic`); unset,
+//! every point is a no-op that costs one emptiness check. Never set in production.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What happens when execution reaches an armed point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +14,8 @@ pub enum Action {
     Panic,
     /// The whole process exits at once, as with `kill -9`: nothing is flushed or released.
     Exit,
+    /// The task at the point waits this long, as a slow NATS or a descheduled process would.
+    Delay(Duration),
 }
 
 /// The armed points of one gateway.
@@ -20,7 +23,8 @@ pub enum Action {
 pub struct Failpoints(Arc<HashMap<String, Action>>);
 
 impl Failpoints {
-    /// Reads `name=action` pairs separated by commas; the actions are `panic` and `exit`.
+    /// Reads `name=action` pairs separated by commas; the actions are `panic`, `exit` and
+    /// `delay(MS)`.
     ///
     /// # Errors
     /// The first pair that does not read, as a reason.
@@ -33,15 +37,22 @@ impl Failpoints {
             let action = match action.trim() {
                 "panic" => Action::Panic,
                 "exit" => Action::Exit,
-                other => return Err(format!("unknown action {other:?} (panic or exit)")),
+                other => other
+                    .strip_prefix("delay(")
+                    .and_then(|rest| rest.strip_suffix(')'))
+                    .and_then(|ms| ms.parse().ok())
+                    .map(|ms| Action::Delay(Duration::from_millis(ms)))
+                    .ok_or_else(|| {
+                        format!("unknown action {other:?} (panic, exit or delay(MS))")
+                    })?,
             };
             points.insert(name.trim().to_owned(), action);
         }
         Ok(Failpoints(Arc::new(points)))
     }
 
-    /// Fails here if the point `name` is armed.
-    pub fn hit(&self, name: &str) {
+    /// Fails or waits here if the point `name` is armed.
+    pub async fn hit(&self, name: &str) {
         if self.0.is_empty() {
             return;
         }
@@ -51,6 +62,7 @@ impl Failpoints {
                 eprintln!("failpoint {name} reached: exiting");
                 std::process::exit(86)
             }
+            Some(Action::Delay(pause)) => tokio::time::sleep(*pause).await,
             None => {}
         }
     }
@@ -60,20 +72,39 @@ impl Failpoints {
 mod tests {
     use super::*;
 
-    #[test]
-    fn reads_points_and_refuses_garbage() {
-        let points = Failpoints::parse(" a.b=panic, c=exit ,").unwrap();
+    #[tokio::test]
+    async fn reads_points_and_refuses_garbage() {
+        let points = Failpoints::parse(" a.b=panic, c=exit , d=delay(250)").unwrap();
         assert_eq!(points.0.get("a.b"), Some(&Action::Panic));
         assert_eq!(points.0.get("c"), Some(&Action::Exit));
-        points.hit("not.armed");
+        assert_eq!(
+            points.0.get("d"),
+            Some(&Action::Delay(Duration::from_millis(250)))
+        );
+        points.hit("not.armed").await;
         assert!(Failpoints::parse("").unwrap().0.is_empty());
-        assert!(Failpoints::parse("a").is_err());
-        assert!(Failpoints::parse("a=boom").is_err());
+        for bad in [
+            "a",
+            "a=boom",
+            "a=delay",
+            "a=delay()",
+            "a=delay(-1)",
+            "a=delay(1",
+        ] {
+            assert!(Failpoints::parse(bad).is_err(), "{bad}");
+        }
     }
 
-    #[test]
+    #[tokio::test]
     #[should_panic(expected = "failpoint a reached")]
-    fn an_armed_panic_point_panics() {
-        Failpoints::parse("a=panic").unwrap().hit("a");
+    async fn an_armed_panic_point_panics() {
+        Failpoints::parse("a=panic").unwrap().hit("a").await;
+    }
+
+    #[tokio::test]
+    async fn an_armed_delay_point_waits() {
+        let started = std::time::Instant::now();
+        Failpoints::parse("a=delay(400)").unwrap().hit("a").await;
+        assert!(started.elapsed() >= Duration::from_millis(400));
     }
 }

@@ -77,7 +77,7 @@ impl TimerScheduler {
                     _ = cancel.cancelled() => break,
                     timer = feed.next() => {
                         let Some(timer) = timer else { break };
-                        self.store.failpoint("scheduler.timer_received");
+                        self.store.failpoint("scheduler.timer_received").await;
                         if let Some(known) = held.timers.get_mut(&timer.sequence) {
                             // Redelivered (AckWait) while held: one entry, the latest reply.
                             known.redelivered(timer);

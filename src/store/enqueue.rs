@@ -128,15 +128,18 @@ impl Store {
                 OjsError::backend("NATS failed while creating a job record.")
                     .with_source(err.to_string())
             };
-            let stranded = self.roll_back(&records, &results).await;
-            if !stranded.is_empty() {
+            self.failpoint("enqueue.rolling_back").await;
+            let kept = self.roll_back(&records, &results).await;
+            if !kept.is_empty() {
                 // The client must not believe nothing was written.
                 return Err(OjsError::backend(format!(
-                    "The batch was refused ({}), but {} of its jobs could not be removed again: {}",
+                    "The batch was refused ({}), but {} of its jobs could not be removed again \
+                     and will run: {}",
                     error.message,
-                    stranded.len(),
-                    stranded.join(", ")
-                )));
+                    kept.len(),
+                    kept.join(", ")
+                ))
+                .with_detail("kept_job_ids", kept));
             }
             return Err(error);
         }
@@ -152,33 +155,49 @@ impl Store {
         Ok(records.into_iter().map(|r| r.job).collect())
     }
 
-    /// Removes the records a failed batch did create; their queue messages become orphans
-    /// that FETCH drops. Returns the ids that could not be removed.
+    /// Removes the records a failed batch did create, each only at the revision its create
+    /// wrote: a record that moved on was claimed by a worker, so that job stays and runs.
+    /// Their queue messages become orphans that FETCH drops. Returns the ids of the jobs
+    /// that stay.
     async fn roll_back(
         &self,
         records: &[JobRecord],
         results: &[Result<u64, kv::CreateError>],
     ) -> Vec<String> {
-        let mut stranded = Vec::new();
+        let mut kept = Vec::new();
         for (rec, result) in records.iter().zip(results) {
-            if result.is_ok() {
-                let mut removed = false;
-                for _ in 0..3 {
-                    match self.inner.jobs.purge(&rec.job.id).await {
-                        Ok(()) => {
-                            removed = true;
-                            break;
-                        }
-                        Err(err) => {
-                            warn!(job_id = %rec.job.id, error = %err, "could not roll back a job of a refused batch")
-                        }
+            let Ok(revision) = result else { continue };
+            let id = &rec.job.id;
+            let mut removed = false;
+            for _ in 0..3 {
+                let err = match self
+                    .inner
+                    .jobs
+                    .purge_expect_revision(id, Some(*revision))
+                    .await
+                {
+                    Ok(()) => {
+                        removed = true;
+                        break;
                     }
-                }
-                if !removed {
-                    stranded.push(rec.job.id.clone());
+                    Err(err) => err,
+                };
+                warn!(job_id = %id, error = %err, "could not roll back a job of a refused batch");
+                match self.inner.jobs.entry(id).await {
+                    // An earlier try purged it; only its answer was lost.
+                    Ok(Some(entry)) if entry.operation == kv::Operation::Purge => {
+                        removed = true;
+                        break;
+                    }
+                    // Written since the create: a worker claimed the job, it stays.
+                    Ok(Some(entry)) if entry.revision != *revision => break,
+                    _ => {}
                 }
             }
+            if !removed {
+                kept.push(id.clone());
+            }
         }
-        stranded
+        kept
     }
 }

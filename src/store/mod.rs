@@ -254,9 +254,9 @@ impl Store {
         self.inner.finished_jobs_max_age
     }
 
-    /// Fails here if the test set the failpoint `name` (`failpoint.rs`).
-    pub fn failpoint(&self, name: &str) {
-        self.inner.failpoints.hit(name);
+    /// Fails or waits here if the test set the failpoint `name` (`failpoint.rs`).
+    pub async fn failpoint(&self, name: &str) {
+        self.inner.failpoints.hit(name).await;
     }
 
     /// The largest job PUSH accepts: the record limit less the room a record may grow by

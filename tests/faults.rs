@@ -1,0 +1,102 @@
+//! Faults between two NATS calls, opened on purpose with failpoints (docs/architecture.md
+//! §3.15): what each leaves behind is what architecture.md §4 says.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{spawn_app, spawn_app_with, test_config, NatsServer};
+use ojs_jetstream::config::Config;
+use serde_json::json;
+
+/// A batch refused for a duplicate id is rolled back, but a worker on another gateway has
+/// claimed its jobs in between (the PUSH is held at `enqueue.rolling_back`): those jobs keep
+/// their records, the client hears which ones stay instead of "nothing written", and the
+/// worker's ACKs succeed.
+#[tokio::test]
+async fn a_refused_batch_keeps_and_names_the_jobs_a_worker_claimed_before_its_rollback() {
+    let nats = NatsServer::start();
+    let pushing = spawn_app_with(Config {
+        failpoints: "enqueue.rolling_back=delay(1500)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let working = spawn_app(&nats.url).await;
+    let existing = pushing
+        .enqueue(json!({"type": "t.old", "args": [], "options": {"queue": "elsewhere"}}))
+        .await;
+
+    let push = pushing.post(
+        "/ojs/v1/jobs/batch",
+        json!({"jobs": [
+            {"type": "t.a", "args": [], "options": {"queue": "rolled"}},
+            {"type": "t.b", "args": [], "options": {"queue": "rolled"}},
+            {"type": "t.dup", "args": [], "id": existing, "options": {"queue": "rolled"}},
+        ]}),
+    );
+    let claim = async {
+        let mut claimed = BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while claimed.len() < 2 && Instant::now() < deadline {
+            let r = working
+                .post(
+                    "/ojs/v1/workers/fetch",
+                    json!({"queues": ["rolled"], "count": 2, "wait_ms": 500, "worker_id": "w"}),
+                )
+                .await;
+            claimed.extend(
+                common::job_ids(&r.body["jobs"])
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+        }
+        claimed
+    };
+    let (refused, claimed) = tokio::join!(push, claim);
+
+    assert_eq!(claimed.len(), 2, "the worker claimed both new jobs");
+    refused.assert_error(500, "backend_error");
+    let kept: BTreeSet<String> = refused.body["error"]["details"]["kept_job_ids"]
+        .as_array()
+        .expect("kept_job_ids")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kept, claimed, "{}", refused.body);
+    for id in &claimed {
+        let r = working.ack(json!({"job_id": id})).await;
+        assert_eq!(r.status, 200, "ACK of a kept job: {}", r.body);
+    }
+    assert_eq!(pushing.job(&existing).await["type"], "t.old");
+}
+
+/// Without a worker in the window the same refusal removes the batch's jobs: 409, and
+/// nothing of the batch can be read or fetched.
+#[tokio::test]
+async fn a_refused_batch_nobody_claimed_leaves_nothing() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "enqueue.rolling_back=delay(300)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let existing = app.enqueue(common::job_on("elsewhere")).await;
+    let refused = app
+        .post(
+            "/ojs/v1/jobs/batch",
+            json!({"jobs": [
+                {"type": "t.a", "args": [], "options": {"queue": "rolled"}},
+                {"type": "t.dup", "args": [], "id": existing, "options": {"queue": "rolled"}},
+            ]}),
+        )
+        .await;
+    refused.assert_error(409, "duplicate");
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["rolled"], "count": 5, "wait_ms": 1000, "worker_id": "w"}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
+}

@@ -315,7 +315,32 @@ impl Config {
         if let Err(reason) = Failpoints::parse(&self.failpoints) {
             return invalid("failpoints", &reason);
         }
+        if let Err(reason) = self.nats_servers() {
+            return invalid("nats_url", &reason);
+        }
         Ok(())
+    }
+
+    /// The servers `nats_url` lists, comma-separated: the client connects to any one of
+    /// them and reconnects to the others when it goes away.
+    ///
+    /// # Errors
+    /// The first URL that does not read, or a list without any.
+    pub fn nats_servers(&self) -> Result<Vec<async_nats::ServerAddr>, String> {
+        let servers = self
+            .nats_url
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(|url| {
+                url.parse::<async_nats::ServerAddr>()
+                    .map_err(|e| format!("{url:?} is not a NATS server URL: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if servers.is_empty() {
+            return Err("names no NATS server".into());
+        }
+        Ok(servers)
     }
 
     pub fn failpoints(&self) -> Failpoints {
@@ -465,6 +490,29 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn nats_url_lists_servers_separated_by_commas() {
+        let cfg = Config {
+            nats_url: "nats://a:4222, nats://b:4223,,tls://c:4224 ".into(),
+            ..Config::default()
+        };
+        let servers: Vec<String> = cfg
+            .nats_servers()
+            .unwrap()
+            .iter()
+            .map(|s| format!("{}:{}", s.host(), s.port()))
+            .collect();
+        assert_eq!(servers, ["a:4222", "b:4223", "c:4224"]);
+        cfg.validate().unwrap();
+        for bad in ["", " , ", "nats://a:4222,nats://b:port", "nats://a:99999"] {
+            let cfg = Config {
+                nats_url: bad.into(),
+                ..Config::default()
+            };
+            assert!(cfg.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

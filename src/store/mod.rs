@@ -112,10 +112,13 @@ impl Store {
     /// # Errors
     /// When NATS is unreachable or refuses the topology.
     pub async fn connect(cfg: &Config) -> Result<Store, OjsError> {
+        let servers = cfg.nats_servers().map_err(|reason| {
+            OjsError::new(ErrorCode::BackendUnavailable, format!("nats_url: {reason}"))
+        })?;
         let client = async_nats::ConnectOptions::new()
             .name(format!("{} gateway", cfg.service_name))
             .request_timeout(Some(Duration::from_millis(cfg.nats_timeout_ms)))
-            .connect(cfg.nats_url.as_str())
+            .connect(servers)
             .await
             .map_err(|e| {
                 OjsError::new(

@@ -59,8 +59,12 @@ pub fn body(e: &OjsError, request_id: Option<&str>) -> Value {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = respond(status(&self.0), &body(&self.0, None));
-        if self.0.code == ErrorCode::QueueFull {
-            // Required with every 429 (errors spec §5.1); the timer count is re-read each second.
+        if matches!(
+            self.0.code,
+            ErrorCode::QueueFull | ErrorCode::BackendUnavailable
+        ) {
+            // Required with every 429 and 503 (errors spec §5.1, ERR-006); the timer count is
+            // re-read each second, and NATS answers again within seconds of losing a node.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),

@@ -8,7 +8,7 @@ use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
 
-use super::error::all_stored;
+use super::error::{all_stored, nats_failed};
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -125,8 +125,7 @@ impl Store {
                 .with_detail("job_id", id.as_str())
                 .with_detail("index", index)
             } else {
-                OjsError::backend("NATS failed while creating a job record.")
-                    .with_source(err.to_string())
+                nats_failed("creating a job record", err.to_string())
             };
             self.failpoint("enqueue.rolling_back").await;
             let kept = self.roll_back(&records, &results).await;

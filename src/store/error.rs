@@ -1,6 +1,7 @@
-//! NATS failures become `backend_error`s here, once, with the operation named.
+//! NATS failures become `backend_error`s here, once, with the operation named: 503 when NATS
+//! could not answer (retry shortly), 500 for anything else.
 
-use crate::domain::error::{BoxedError, OjsError};
+use crate::domain::error::{BoxedError, ErrorCode, OjsError};
 
 /// Awaits publish acknowledgements sent without waiting (pipelined); the first failure
 /// becomes a backend error naming what was being done.
@@ -18,5 +19,74 @@ pub(super) async fn all_stored(
 /// Wraps any NATS error as a retryable backend error naming what was being done; the NATS
 /// error is kept for the log, not shown to the client.
 pub fn backend<E: Into<BoxedError>>(doing: &'static str) -> impl FnOnce(E) -> OjsError {
-    move |err| OjsError::backend(format!("NATS failed while {doing}.")).with_source(err)
+    move |err| nats_failed(doing, err)
+}
+
+/// A NATS error as the client hears it: `BackendUnavailable` (503 with `Retry-After`) when
+/// NATS could not answer — a lost connection, a timeout, a stream without a leader while a
+/// cluster elects one after losing a node — which a retry a moment later fixes; otherwise
+/// `BackendError` (500).
+pub fn nats_failed(doing: &str, err: impl Into<BoxedError>) -> OjsError {
+    let err = err.into();
+    let code = if unanswered(err.as_ref()) {
+        ErrorCode::BackendUnavailable
+    } else {
+        ErrorCode::BackendError
+    };
+    OjsError::new(code, format!("NATS failed while {doing}.")).with_source(err)
+}
+
+/// What async-nats says, at any level of the error chain, when nobody answered. It spreads
+/// these over a dozen error kinds (publish, request, KV entry, stream info…) and nests them
+/// (a KV create wraps the read that failed), so their texts are the common ground.
+fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
+    const UNANSWERED: [&str; 5] = [
+        "timed out",
+        "no responders",
+        "no stream found",
+        "broken pipe",
+        "temporarily unavailable",
+    ];
+    std::iter::successors(Some(err), |e| e.source())
+        .any(|e| UNANSWERED.iter().any(|text| e.to_string().contains(text)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
+    #[test]
+    fn nobody_answering_is_unavailable_anything_else_an_error() {
+        let lost = |kind| nats_failed("writing", PublishError::new(kind)).code;
+        assert_eq!(
+            lost(PublishErrorKind::StreamNotFound),
+            ErrorCode::BackendUnavailable
+        );
+        assert_eq!(
+            lost(PublishErrorKind::TimedOut),
+            ErrorCode::BackendUnavailable
+        );
+        assert_eq!(
+            lost(PublishErrorKind::BrokenPipe),
+            ErrorCode::BackendUnavailable
+        );
+        assert_eq!(
+            lost(PublishErrorKind::MaxPayloadExceeded),
+            ErrorCode::BackendError
+        );
+        // Nested, as a KV create reports the read that found no stream leader.
+        let nested = PublishError::with_source(
+            PublishErrorKind::Other,
+            PublishError::new(PublishErrorKind::StreamNotFound),
+        );
+        assert_eq!(
+            nats_failed("creating", nested).code,
+            ErrorCode::BackendUnavailable
+        );
+        assert_eq!(
+            nats_failed("writing", PublishError::new(PublishErrorKind::TimedOut)).message,
+            "NATS failed while writing."
+        );
+    }
 }

@@ -9,7 +9,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::backend;
+use super::error::{backend, nats_failed};
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -165,7 +165,7 @@ impl Store {
         match self.inner.jobs.update(id, bytes.into(), revision).await {
             Ok(rev) => Ok(Some(rev)),
             Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
-            Err(err) => Err(OjsError::backend("NATS failed while writing a job.").with_source(err)),
+            Err(err) => Err(nats_failed("writing a job", err)),
         }
     }
 }

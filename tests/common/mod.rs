@@ -25,17 +25,14 @@ pub struct NatsServer {
     dir: tempfile::TempDir,
     pub port: u16,
     pub url: String,
+    /// Its `server_name` and cluster options, when it is a node of a [`NatsCluster`].
+    pub name: String,
+    cluster_args: Vec<String>,
 }
 
 impl NatsServer {
     pub fn start() -> NatsServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut server = NatsServer {
-            child: None,
-            dir,
-            port: 0,
-            url: String::new(),
-        };
+        let mut server = NatsServer::unstarted();
         // A free port can be taken by another test before nats-server binds it; then the
         // server exits and a new port is tried.
         for _ in 0..5 {
@@ -46,6 +43,17 @@ impl NatsServer {
             }
         }
         panic!("nats-server did not start on any of five free ports");
+    }
+
+    fn unstarted() -> NatsServer {
+        NatsServer {
+            child: None,
+            dir: tempfile::tempdir().expect("temp dir"),
+            port: 0,
+            url: String::new(),
+            name: String::new(),
+            cluster_args: Vec::new(),
+        }
     }
 
     /// Starts the server on `self.port`; false when it exited instead of serving there.
@@ -63,6 +71,7 @@ impl NatsServer {
             .arg(self.dir.path())
             .arg("--ports_file_dir")
             .arg(self.dir.path())
+            .args(&self.cluster_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -120,6 +129,95 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The server leading the stream `stream` (its Raft group leader), asked through `url`.
+pub async fn stream_leader(url: &str, stream: &str) -> String {
+    let client = async_nats::connect(url.split(',').collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut info = js.get_stream(stream).await.unwrap();
+    let cluster = info.info().await.unwrap().cluster.clone();
+    cluster.and_then(|c| c.leader).expect("a stream leader")
+}
+
+/// Three clustered nats-servers with JetStream (`n1`, `n2`, `n3`), routed to each other as
+/// docker-compose.yml routes its nodes.
+pub struct NatsCluster {
+    pub nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts the nodes and waits until JetStream can place a stream on all three.
+    pub async fn start() -> NatsCluster {
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let route_urls = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for (i, route) in routes.iter().enumerate() {
+            let mut node = NatsServer::unstarted();
+            node.name = format!("n{}", i + 1);
+            node.port = free_port();
+            node.url = format!("nats://127.0.0.1:{}", node.port);
+            node.cluster_args = [
+                "--server_name",
+                &node.name,
+                "--cluster_name",
+                "ojs-test",
+                "--cluster",
+                &format!("nats://127.0.0.1:{route}"),
+                "--routes",
+                &route_urls,
+            ]
+            .map(String::from)
+            .to_vec();
+            assert!(node.spawn(), "cluster node {} did not start", node.name);
+            nodes.push(node);
+        }
+        let cluster = NatsCluster { nodes };
+        cluster.wait_for_jetstream().await;
+        cluster
+    }
+
+    /// Every node's URL, comma-separated, as `nats_url` takes them.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn node(&mut self, name: &str) -> &mut NatsServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    async fn wait_for_jetstream(&self) {
+        let client = async_nats::connect(self.url().split(',').collect::<Vec<_>>())
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let config = async_nats::jetstream::stream::Config {
+            name: "cluster-ready".into(),
+            subjects: vec!["cluster-ready".into()],
+            num_replicas: 3,
+            ..Default::default()
+        };
+        eventually(Duration::from_secs(30), "a JetStream cluster", || {
+            let js = js.clone();
+            let config = config.clone();
+            async move { js.create_stream(config).await.ok().map(|_| ()) }
+        })
+        .await;
+        js.delete_stream("cluster-ready").await.unwrap();
     }
 }
 

@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 #[derive(Default)]
 struct Seen {
     accepted: BTreeSet<String>,
-    claims: BTreeMap<String, u32>,
+    /// When each job was handed to the worker.
+    claims: BTreeMap<String, Vec<Instant>>,
     acked: BTreeSet<String>,
     /// (when, what, status, body) of each failed request.
     failures: Vec<(Instant, &'static str, u16, Value)>,
@@ -85,12 +86,12 @@ async fn work(gateways: [&TestApp; 2], seen: &Mutex<Seen>, stop: &AtomicBool) {
             continue;
         }
         for id in common::job_ids(&r.body["jobs"]) {
-            *seen
-                .lock()
+            seen.lock()
                 .unwrap()
                 .claims
                 .entry(id.to_owned())
-                .or_default() += 1;
+                .or_default()
+                .push(Instant::now());
             loop {
                 let started = Instant::now();
                 let r = gateways[turn % 2].ack(json!({"job_id": id})).await;
@@ -127,6 +128,13 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
         .with_test_writer()
         .try_init();
     let cluster = NatsCluster::start().await;
+    if common::nats_version(&cluster.url()).await < (2, 10) {
+        // There a write's expected revision is checked only before it is proposed, so
+        // across a stream leader change two claims of one revision can both land
+        // (architecture §6, "NATS clusters before 2.10").
+        println!("skipped: a cluster of nats-server 2.9 cannot keep claims exclusive");
+        return;
+    }
     let config = Config {
         nats_url: cluster.url(),
         replicas: 3,
@@ -175,8 +183,16 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
         lost.len(),
         seen.accepted.len()
     );
-    let twice: Vec<_> = seen.claims.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "claimed more than once: {twice:?}");
+    let twice: Vec<_> = seen
+        .claims
+        .iter()
+        .filter(|(_, t)| t.len() > 1)
+        .map(|(id, t)| (id, t.iter().map(|t| *t - kills[0]).collect::<Vec<_>>()))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "handed out more than once (times after the first kill): {twice:?}"
+    );
     for (_, what, status, body) in &seen.failures {
         assert!(
             *status == 503 && body["error"]["retryable"] == true,

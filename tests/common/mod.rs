@@ -132,6 +132,16 @@ impl Drop for NatsServer {
     }
 }
 
+/// The (major, minor) version of the nats-server at `url` (one or more, comma-separated).
+pub async fn nats_version(url: &str) -> (u32, u32) {
+    let client = async_nats::connect(url.split(',').collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let version = client.server_info().version;
+    let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 /// The server leading the stream `stream` (its Raft group leader), asked through `url`.
 pub async fn stream_leader(url: &str, stream: &str) -> String {
     let client = async_nats::connect(url.split(',').collect::<Vec<_>>())

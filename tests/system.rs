@@ -22,9 +22,10 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
         (r.status == 503 && r.body["status"] == "degraded").then_some(())
     })
     .await;
-    // Operations fail with a backend error, not a hang or a panic.
+    // Operations fail with a backend error saying when to retry, not a hang or a panic.
     let r = app.post("/ojs/v1/jobs", job_on("down")).await;
-    assert!(r.status.is_server_error(), "{}", r.status);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.header("retry-after"), "1");
     assert_eq!(r.body["error"]["code"], "backend_error");
     assert_eq!(r.body["error"]["retryable"], true);
     // The body says what failed; NATS's own error text stays in the gateway's log.

@@ -347,10 +347,8 @@ pub(crate) async fn ensure_stream(
     match js.get_stream(&name).await {
         Ok(stream) => Ok(stream),
         Err(open_err) => Err(match created {
-            Err(err) => OjsError::backend(format!("NATS failed while creating stream {name}."))
-                .with_source(err),
-            Ok(_) => OjsError::backend(format!("NATS failed while opening stream {name}."))
-                .with_source(open_err),
+            Err(err) => error::nats_failed(&format!("creating stream {name}"), err),
+            Ok(_) => error::nats_failed(&format!("opening stream {name}"), open_err),
         }),
     }
 }

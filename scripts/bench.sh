@@ -18,7 +18,6 @@ http_port="${BENCH_HTTP_PORT:-18080}"
 cargo build --release --bin ojs-jetstream --example bench >&2
 nats_bin="$(scripts/ensure-nats.sh | tail -n 1)"
 
-
 work="$(mktemp -d)"
 nats_pid=""
 gateway_pid=""

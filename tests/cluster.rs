@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{spawn_app_with, test_config, NatsCluster, Reply, TestApp};
@@ -123,8 +123,9 @@ async fn kill_leader(cluster: &Mutex<NatsCluster>, stream: &str, down: Duration)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
+    // The gateways' warnings, shown when the test fails.
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn,ojs_jetstream=warn")
+        .with_env_filter("warn")
         .with_test_writer()
         .try_init();
     let cluster = NatsCluster::start().await;
@@ -143,7 +144,7 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
     let a = spawn_app_with(config.clone()).await;
     let b = spawn_app_with(config).await;
     let cluster = Mutex::new(cluster);
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Mutex::new(Seen::default());
     let stop_producing = AtomicBool::new(false);
     let stop_working = AtomicBool::new(false);
 

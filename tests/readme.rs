@@ -289,16 +289,23 @@ fn check_body(shown: &str, body: &Value, ids: &mut HashMap<String, String>) -> R
     Ok(())
 }
 
+/// `text` with each job id the README shows replaced by the real one it stands for.
+fn with_real_ids(text: &str, ids: &HashMap<String, String>) -> String {
+    ids.iter().fold(text.to_owned(), |text, (shown, real)| {
+        text.replace(shown, real)
+    })
+}
+
 /// Runs one example against the gateway and checks its output.
 async fn check_example(
     app: &common::TestApp,
     example: &Example,
     ids: &mut HashMap<String, String>,
 ) -> Result<(), String> {
-    let mut command = example.command.replace("http://127.0.0.1:8080", &app.base);
-    for (shown, real) in ids.iter() {
-        command = command.replace(shown, real);
-    }
+    let command = with_real_ids(
+        &example.command.replace("http://127.0.0.1:8080", &app.base),
+        ids,
+    );
     let request = request(&command);
     let mut builder = app.http.request(request.method.clone(), &request.url);
     for (name, value) in &request.headers {
@@ -346,9 +353,7 @@ async fn check_example(
     check_body(&output.collect::<Vec<_>>().join(""), &body, ids)?;
     for line in shown_headers.into_iter().filter(|l| *l != "…") {
         let (name, shown) = line.split_once(": ").unwrap();
-        let want = ids
-            .iter()
-            .fold(shown.to_owned(), |v, (s, r)| v.replace(s, r));
+        let want = with_real_ids(shown, ids);
         let got = headers.get(name).and_then(|v| v.to_str().ok());
         if got != Some(want.as_str()) {
             return Err(format!("header {name}: {got:?}, README shows {want}"));

@@ -47,8 +47,10 @@ fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
         "broken pipe",
         "temporarily unavailable",
     ];
-    std::iter::successors(Some(err), |e| e.source())
-        .any(|e| UNANSWERED.iter().any(|text| e.to_string().contains(text)))
+    std::iter::successors(Some(err), |e| e.source()).any(|e| {
+        let text = e.to_string();
+        UNANSWERED.iter().any(|said| text.contains(said))
+    })
 }
 
 #[cfg(test)]
@@ -58,23 +60,21 @@ mod tests {
 
     #[test]
     fn nobody_answering_is_unavailable_anything_else_an_error() {
-        let lost = |kind| nats_failed("writing", PublishError::new(kind)).code;
-        assert_eq!(
-            lost(PublishErrorKind::StreamNotFound),
-            ErrorCode::BackendUnavailable
-        );
-        assert_eq!(
-            lost(PublishErrorKind::TimedOut),
-            ErrorCode::BackendUnavailable
-        );
-        assert_eq!(
-            lost(PublishErrorKind::BrokenPipe),
-            ErrorCode::BackendUnavailable
-        );
-        assert_eq!(
-            lost(PublishErrorKind::MaxPayloadExceeded),
-            ErrorCode::BackendError
-        );
+        for (kind, code) in [
+            (
+                PublishErrorKind::StreamNotFound,
+                ErrorCode::BackendUnavailable,
+            ),
+            (PublishErrorKind::TimedOut, ErrorCode::BackendUnavailable),
+            (PublishErrorKind::BrokenPipe, ErrorCode::BackendUnavailable),
+            (
+                PublishErrorKind::MaxPayloadExceeded,
+                ErrorCode::BackendError,
+            ),
+        ] {
+            let err = nats_failed("writing", PublishError::new(kind));
+            assert_eq!(err.code, code, "{kind:?}");
+        }
         // Nested, as a KV create reports the read that found no stream leader.
         let nested = PublishError::with_source(
             PublishErrorKind::Other,

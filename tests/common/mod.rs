@@ -132,11 +132,16 @@ impl Drop for NatsServer {
     }
 }
 
+/// A NATS client for `url` (one or more servers, comma-separated).
+async fn connect(url: &str) -> async_nats::Client {
+    async_nats::connect(url.split(',').collect::<Vec<_>>())
+        .await
+        .expect("a NATS connection")
+}
+
 /// The (major, minor) version of the nats-server at `url` (one or more, comma-separated).
 pub async fn nats_version(url: &str) -> (u32, u32) {
-    let client = async_nats::connect(url.split(',').collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let client = connect(url).await;
     let version = client.server_info().version;
     let mut parts = version.split('.').map(|p| p.parse().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
@@ -144,9 +149,7 @@ pub async fn nats_version(url: &str) -> (u32, u32) {
 
 /// The server leading the stream `stream` (its Raft group leader), asked through `url`.
 pub async fn stream_leader(url: &str, stream: &str) -> String {
-    let client = async_nats::connect(url.split(',').collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let client = connect(url).await;
     let js = async_nats::jetstream::new(client);
     let mut info = js.get_stream(stream).await.unwrap();
     let cluster = info.info().await.unwrap().cluster.clone();
@@ -211,9 +214,7 @@ impl NatsCluster {
     }
 
     async fn wait_for_jetstream(&self) {
-        let client = async_nats::connect(self.url().split(',').collect::<Vec<_>>())
-            .await
-            .unwrap();
+        let client = connect(&self.url()).await;
         let js = async_nats::jetstream::new(client);
         let config = async_nats::jetstream::stream::Config {
             name: "cluster-ready".into(),

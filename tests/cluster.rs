@@ -22,15 +22,16 @@ struct Seen {
     acked: BTreeSet<String>,
     /// (when, what, status, body) of each failed request.
     failures: Vec<(Instant, &'static str, u16, Value)>,
-    slowest: Duration,
+    /// The longest request: how long, what, and its status.
+    slowest: (Duration, &'static str, u16),
 }
 
 impl Seen {
     /// Notes a request's duration, and the request if it failed: an answer that says
     /// neither 503 nor when to retry counts as a failure of another kind (599).
     fn request(&mut self, what: &'static str, started: Instant, reply: &Reply) {
-        self.slowest = self.slowest.max(started.elapsed());
         let status = reply.status.as_u16();
+        self.slowest = self.slowest.max((started.elapsed(), what, status));
         if !(200..300).contains(&status) {
             let status = if reply.header("retry-after").is_empty() {
                 599
@@ -234,8 +235,8 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
             })
     );
     assert!(
-        seen.slowest < Duration::from_secs(12),
-        "a request hung for {:?}",
+        seen.slowest.0 < Duration::from_secs(12),
+        "a request hung: {:?}",
         seen.slowest
     );
 }

@@ -147,13 +147,18 @@ pub async fn nats_version(url: &str) -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-/// The server leading the stream `stream` (its Raft group leader), asked through `url`.
+/// The server leading the stream `stream` (its Raft group leader), asked through `url`;
+/// waits while the stream has none (an election after a node came back).
 pub async fn stream_leader(url: &str, stream: &str) -> String {
-    let client = connect(url).await;
-    let js = async_nats::jetstream::new(client);
-    let mut info = js.get_stream(stream).await.unwrap();
-    let cluster = info.info().await.unwrap().cluster.clone();
-    cluster.and_then(|c| c.leader).expect("a stream leader")
+    let js = async_nats::jetstream::new(connect(url).await);
+    eventually(Duration::from_secs(30), "a stream leader", || {
+        let js = js.clone();
+        async move {
+            let info = js.get_stream(stream).await.ok()?.info().await.ok()?.clone();
+            info.cluster?.leader
+        }
+    })
+    .await
 }
 
 /// Three clustered nats-servers with JetStream (`n1`, `n2`, `n3`), routed to each other as

@@ -100,3 +100,43 @@ async fn a_refused_batch_nobody_claimed_leaves_nothing() {
         .await;
     assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
 }
+
+/// A FETCH whose claim is held past its deadline (`wait_ms` + `nats_timeout_ms`, the
+/// point `fetch.claiming` standing in for a NATS that does not answer) starts no write: it
+/// answers 503 with `Retry-After` in time, the job stays available, and another gateway's
+/// worker gets it at its first attempt.
+#[tokio::test]
+async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
+    let nats = NatsServer::start();
+    let slow = spawn_app_with(Config {
+        failpoints: "fetch.claiming=delay(1000)".into(),
+        nats_timeout_ms: 500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let other = spawn_app(&nats.url).await;
+    let id = other.enqueue(common::job_on("late")).await;
+
+    let started = Instant::now();
+    let r = slow
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["late"], "count": 1, "wait_ms": 200, "worker_id": "slow"}),
+        )
+        .await;
+    let took = started.elapsed();
+    r.assert_error(503, "backend_error");
+    assert_eq!(r.header("retry-after"), "1");
+    // Deadline 0.7 s, plus the step in flight then (here the 1 s hold).
+    assert!(took < Duration::from_millis(1500), "answered after {took:?}");
+    assert_eq!(other.job(&id).await["state"], "available");
+
+    let r = other
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["late"], "count": 1, "wait_ms": 5000, "worker_id": "w"}),
+        )
+        .await;
+    assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()], "{}", r.body);
+    assert_eq!(r.body["jobs"][0]["attempt"], 1);
+}

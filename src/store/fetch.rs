@@ -14,7 +14,7 @@ use super::puller::Puller;
 use super::records::{settle, Dispatch, Lookup, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
-use crate::domain::error::OjsError;
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, Transition};
 use crate::domain::lifecycle::Delivery;
 use crate::domain::requests::FetchRequest;
@@ -31,6 +31,14 @@ const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 struct Claims {
     jobs: Vec<Job>,
     failure: Option<OjsError>,
+}
+
+/// The failure of a FETCH whose deadline passed while NATS had not answered a step.
+fn out_of_time() -> OjsError {
+    OjsError::new(
+        ErrorCode::BackendUnavailable,
+        "NATS did not answer in time while fetching.",
+    )
 }
 
 impl Claims {
@@ -88,10 +96,16 @@ impl Store {
     /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
     /// empty answer waits up to that long for the first job to arrive.
     ///
+    /// No NATS step starts past `wait` + `nats_timeout_ms` (the FETCH's deadline), so a
+    /// FETCH answers within that plus one NATS call even while NATS elects a leader
+    /// (architecture §3.3).
+    ///
     /// # Errors
     /// `backend_error` when NATS fails before anything was claimed.
     pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
-        let until = req.wait.map(|w| Instant::now() + w);
+        let started = Instant::now();
+        let until = req.wait.map(|w| started + w);
+        let deadline = started + req.wait.unwrap_or_default() + self.inner.nats_timeout;
         let stop_waiting = &self.inner.stop_waiting;
         let mut got = Claims::default();
         loop {
@@ -99,7 +113,7 @@ impl Store {
             let registry_changed = self.inner.queues.changed();
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
-            let lanes = self.fetch_now(req, &mut got).await;
+            let lanes = self.fetch_now(req, deadline, &mut got).await;
             let Some(until) = until
                 .filter(|u| got.is_empty() && *u > Instant::now() && !stop_waiting.is_cancelled())
             else {
@@ -115,7 +129,7 @@ impl Store {
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
                 if got.jobs.len() < req.count {
-                    let claim = self.claim(&msg, queue, *priority, req).await;
+                    let claim = self.claim(&msg, queue, *priority, req, deadline).await;
                     record_claim(&msg, claim, &mut got).await;
                 } else {
                     settle(&msg, AckKind::Nak(None)).await;
@@ -135,11 +149,20 @@ impl Store {
     }
 
     /// Claims what the named queues hold now, up to the request's count; returns every
-    /// queue lane it looked at. A failure stops it and is kept in `got`, so jobs already
-    /// claimed are still handed out.
-    async fn fetch_now(&self, req: &FetchRequest, got: &mut Claims) -> Vec<(String, i32, Puller)> {
+    /// queue lane it looked at. A failure, or the deadline, stops it and is kept in `got`,
+    /// so jobs already claimed are still handed out.
+    async fn fetch_now(
+        &self,
+        req: &FetchRequest,
+        deadline: Instant,
+        got: &mut Claims,
+    ) -> Vec<(String, i32, Puller)> {
         let mut lanes = Vec::new();
         for queue in &req.queues {
+            if Instant::now() >= deadline {
+                got.failure.get_or_insert_with(out_of_time);
+                return lanes;
+            }
             let meta = match self.inner.queues.lookup(queue).await {
                 Ok(Some(meta)) if !meta.paused => meta,
                 Ok(_) => continue,
@@ -161,7 +184,12 @@ impl Store {
                     if need == 0 || got.failure.is_some() {
                         return lanes;
                     }
-                    let delivered = puller.pull(need).await;
+                    // A message the loop hands out after this gives up is released there.
+                    let Ok(delivered) = tokio::time::timeout_at(deadline, puller.pull(need)).await
+                    else {
+                        got.failure.get_or_insert_with(out_of_time);
+                        return lanes;
+                    };
                     if delivered.is_empty() {
                         break;
                     }
@@ -169,7 +197,7 @@ impl Store {
                     // writes of a FETCH of many go to NATS together; kept in delivery order.
                     let claims = delivered
                         .iter()
-                        .map(|msg| self.claim(msg, queue, priority, req));
+                        .map(|msg| self.claim(msg, queue, priority, req, deadline));
                     for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
                         record_claim(msg, claim, got).await;
                     }
@@ -181,13 +209,15 @@ impl Store {
     }
 
     /// Claims the job a delivered queue message points to, or settles the message when it
-    /// is stale. `None` when nothing was claimed.
+    /// is stale. `None` when nothing was claimed. Past `deadline` it starts no read or
+    /// write, and fails (`record_claim` hands the message back).
     async fn claim(
         &self,
         msg: &async_nats::jetstream::Message,
         queue: &str,
         priority: i32,
         req: &FetchRequest,
+        deadline: Instant,
     ) -> Result<Option<Job>, OjsError> {
         let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
             warn!(subject = %msg.subject, "dropping an unreadable queue message");
@@ -211,7 +241,11 @@ impl Store {
             orphan_age_passed: age > ORPHAN_GRACE.as_millis() as i128,
         };
 
+        self.failpoint("fetch.claiming").await;
         for attempt in 0..MAX_CAS_ATTEMPTS {
+            if Instant::now() >= deadline {
+                return Err(out_of_time());
+            }
             // The first try may use the record this gateway wrote last, or is writing now
             // (`recent.rs`).
             let guess = if attempt == 0 {
@@ -275,6 +309,9 @@ impl Store {
                 }
                 Err(err) => return Err(err),
             };
+            if Instant::now() >= deadline {
+                return Err(out_of_time());
+            }
             self.prepare(&rec, &mut next).await?;
             // No deadline timer here: the leader watches the job from this write (§3.6).
             let Some(written) = self.write(&d.id, &next, revision).await? else {

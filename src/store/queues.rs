@@ -239,28 +239,37 @@ impl QueueRegistry {
     }
 
     /// The pull loop of one priority of a queue, started on first use; loops idle for
-    /// `idle_puller_ms` are dropped on the way.
+    /// `idle_puller_ms` are dropped on the way. The lock is not held while NATS is asked
+    /// anything, so a slow start of one lane never holds up FETCHes of the others.
     pub async fn puller(&self, queue: &str, priority: i32) -> Result<Puller, OjsError> {
-        let mut pullers = self.inner.pullers.lock().await;
-        let now = Instant::now();
-        pullers.evict_idle(now);
-        self.inner
-            .pullers_open
-            .store(pullers.lanes.len(), Ordering::Relaxed);
         let key = (queue.to_owned(), priority);
-        if let Some((p, used)) = pullers.lanes.get_mut(&key) {
-            *used = now;
-            return Ok(p.clone());
+        {
+            let mut pullers = self.inner.pullers.lock().await;
+            let now = Instant::now();
+            pullers.evict_idle(now);
+            self.inner
+                .pullers_open
+                .store(pullers.lanes.len(), Ordering::Relaxed);
+            if let Some((p, used)) = pullers.lanes.get_mut(&key) {
+                *used = now;
+                return Ok(p.clone());
+            }
         }
         self.align_ack_wait(queue, priority).await;
-        let puller = Puller::start(
+        let started = Puller::start(
             self.inner.js.clone(),
             &self.inner.topology.queue_stream(queue),
             &Topology::priority_consumer(priority),
         )
         .await
         .map_err(backend("subscribing for a queue"))?;
-        pullers.lanes.insert(key, (puller.clone(), now));
+        let mut pullers = self.inner.pullers.lock().await;
+        // Another FETCH may have started the lane meanwhile: theirs is kept, ours ends.
+        let (puller, _) = pullers
+            .lanes
+            .entry(key)
+            .or_insert_with(|| (started, Instant::now()));
+        let puller = puller.clone();
         self.inner
             .pullers_open
             .store(pullers.lanes.len(), Ordering::Relaxed);

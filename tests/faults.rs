@@ -128,7 +128,10 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
     r.assert_error(503, "backend_error");
     assert_eq!(r.header("retry-after"), "1");
     // Deadline 0.7 s, plus the step in flight then (here the 1 s hold).
-    assert!(took < Duration::from_millis(1500), "answered after {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
     assert_eq!(other.job(&id).await["state"], "available");
 
     let r = other
@@ -137,6 +140,11 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
             json!({"queues": ["late"], "count": 1, "wait_ms": 5000, "worker_id": "w"}),
         )
         .await;
-    assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()], "{}", r.body);
+    assert_eq!(
+        common::job_ids(&r.body["jobs"]),
+        [id.as_str()],
+        "{}",
+        r.body
+    );
     assert_eq!(r.body["jobs"][0]["attempt"], 1);
 }

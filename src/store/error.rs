@@ -36,6 +36,12 @@ pub fn nats_failed(doing: &str, err: impl Into<BoxedError>) -> OjsError {
     OjsError::new(code, format!("NATS failed while {doing}.")).with_source(err)
 }
 
+/// Whether a consumer call failed because the consumer does not exist.
+pub fn consumer_missing(err: &async_nats::jetstream::stream::ConsumerError) -> bool {
+    use async_nats::jetstream::{stream::ConsumerErrorKind, ErrorCode as JsCode};
+    matches!(err.kind(), ConsumerErrorKind::JetStream(e) if e.error_code() == JsCode::CONSUMER_NOT_FOUND)
+}
+
 /// What async-nats says, at any level of the error chain, when nobody answered. It spreads
 /// these over a dozen error kinds (publish, request, KV entry, stream info…) and nests them
 /// (a KV create wraps the read that failed), so their texts are the common ground.

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::{all_stored, backend};
+use super::error::{all_stored, backend, consumer_missing, nats_failed};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::horizon;
@@ -168,7 +168,14 @@ impl Store {
             .get_stream(t.timers_stream())
             .await
             .map_err(backend("opening the timers stream"))?;
-        let _ = stream.delete_consumer(&t.scheduler_consumer()).await;
+        // Only a consumer known gone may be created again: were the delete lost (a NATS
+        // election), the create would return the old consumer, whose timers the previous
+        // leader holds unacknowledged for its 24 h AckWait.
+        match stream.delete_consumer(&t.scheduler_consumer()).await {
+            Ok(_) => {}
+            Err(err) if consumer_missing(&err) => {}
+            Err(err) => return Err(nats_failed("removing the old timer consumer", err)),
+        }
         let consumer: PullConsumer = stream
             .create_consumer(pull::Config {
                 durable_name: Some(t.scheduler_consumer()),

@@ -2,6 +2,8 @@
 //! loopback port with JetStream and a temp store, and gateways started in-process on it.
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -483,6 +485,35 @@ impl GatewayProcess {
         })
         .await;
         gw
+    }
+
+    /// POSTs `body`; `None` when the process went away before it answered.
+    pub async fn try_post(&self, path: &str, body: Value) -> Option<Reply> {
+        let req = reqwest::Client::new()
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/openjobspec+json")
+            .body(body.to_string());
+        Some(TestApp::reply(req.send().await.ok()?).await)
+    }
+
+    /// DELETEs `path`; `None` when the process went away before it answered.
+    pub async fn try_delete(&self, path: &str) -> Option<Reply> {
+        let req = reqwest::Client::new().delete(format!("{}{path}", self.base));
+        Some(TestApp::reply(req.send().await.ok()?).await)
+    }
+
+    /// The exit code, once the process has ended by itself within `within`.
+    pub async fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// SIGKILL: no graceful shutdown, the lease is left to expire.

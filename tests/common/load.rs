@@ -1,0 +1,236 @@
+//! Steady mixed load through several gateways, and what it saw: for the tests that take
+//! NATS away under it (`cluster.rs`, `nats_restart.rs`). Every tenth job is scheduled a
+//! second ahead, and the first attempt of every seventh fails, so timers and retries cross
+//! the fault too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{Reply, TestApp};
+
+/// What the load saw: accepted jobs, claims, and every failed request.
+#[derive(Default)]
+pub struct Seen {
+    pub accepted: BTreeSet<String>,
+    /// The attempt numbers each job was handed out with.
+    pub claims: BTreeMap<String, Vec<u64>>,
+    pub acked: BTreeSet<String>,
+    /// Jobs handed out again after their ACK, or twice with one attempt number.
+    pub twice: Vec<(String, Vec<u64>)>,
+    /// (when, what, status, body) of each failed request.
+    pub failures: Vec<(Instant, &'static str, u16, Value)>,
+    /// The longest request: how long, what, and its status.
+    pub slowest: (Duration, &'static str, u16),
+}
+
+impl Seen {
+    /// Notes a request's duration, and the request if it failed: an answer that says
+    /// neither 503 nor when to retry counts as a failure of another kind (599).
+    pub fn request(&mut self, what: &'static str, started: Instant, reply: &Reply) {
+        let status = reply.status.as_u16();
+        self.slowest = self.slowest.max((started.elapsed(), what, status));
+        if !(200..300).contains(&status) {
+            let status = if reply.header("retry-after").is_empty() {
+                599
+            } else {
+                status
+            };
+            self.failures
+                .push((Instant::now(), what, status, reply.body.clone()));
+        }
+    }
+
+    /// Notes a job handed to the worker.
+    fn claimed(&mut self, id: &str, attempt: u64) {
+        let attempts = self.claims.entry(id.to_owned()).or_default();
+        attempts.push(attempt);
+        if self.acked.contains(id) || attempts.iter().filter(|a| **a == attempt).count() > 1 {
+            let attempts = attempts.clone();
+            self.twice.push((id.to_owned(), attempts));
+        }
+    }
+
+    /// Asserts what every fault test promises: each accepted job ran to its ACK, none was
+    /// handed out twice, every failed request was a retryable 503 and none took
+    /// `slowest_bound`.
+    pub fn check(&self, slowest_bound: Duration) {
+        let lost: Vec<&String> = self.accepted.difference(&self.acked).collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {} accepted jobs never ran: {lost:?}",
+            lost.len(),
+            self.accepted.len()
+        );
+        assert!(self.twice.is_empty(), "handed out twice: {:?}", self.twice);
+        for (_, what, status, body) in &self.failures {
+            assert!(
+                *status == 503 && body["error"]["retryable"] == true,
+                "{what} failed with {status} (599: no Retry-After), not as a retryable 503: {body}"
+            );
+        }
+        assert!(
+            self.slowest.0 < slowest_bound,
+            "a request hung: {:?}",
+            self.slowest
+        );
+    }
+
+    /// Prints the failed requests by kind, and those in the window after each fault.
+    pub fn report(&self, faults: &[Instant], window: Duration) {
+        for (n, at) in faults.iter().enumerate() {
+            let after: Vec<Duration> = self
+                .failures
+                .iter()
+                .filter(|(t, ..)| *t >= *at && *t < *at + window)
+                .map(|(t, ..)| *t - *at)
+                .collect();
+            println!(
+                "fault {}: {} failed requests, the last {:?} after it",
+                n + 1,
+                after.len(),
+                after.iter().max()
+            );
+        }
+        let mut kinds: BTreeMap<(&str, u16, &str), u32> = BTreeMap::new();
+        for (_, what, status, body) in &self.failures {
+            let message = body["error"]["message"].as_str().unwrap_or("");
+            *kinds.entry((what, *status, message)).or_default() += 1;
+        }
+        println!("failed requests by kind: {kinds:#?}");
+        let retried = self.claims.values().filter(|a| a.len() > 1).count();
+        println!(
+            "{} jobs accepted and run once each ({retried} after a failed first attempt); slowest request {:?}",
+            self.accepted.len(),
+            self.slowest,
+        );
+    }
+}
+
+/// Enqueues through the gateways in turn until told to stop.
+pub async fn produce(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) {
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut job = json!({"type": "c.work", "args": [i], "options": {"queue": "busy"}});
+        if i % 10 == 0 {
+            job["options"]["scheduled_at"] = json!("+PT1S");
+        }
+        let started = Instant::now();
+        let r = gateways[i as usize % gateways.len()]
+            .post("/ojs/v1/jobs", job)
+            .await;
+        {
+            let mut seen = seen.lock().unwrap();
+            seen.request("enqueue", started, &r);
+            if r.status.is_success() {
+                seen.accepted
+                    .insert(r.body["job"]["id"].as_str().unwrap().to_owned());
+            }
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Fetches through the gateways in turn, long polling, and settles each job as a worker
+/// would (retrying a settlement that failed with a 5xx), until told to stop.
+pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) {
+    let mut turn = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        turn += 1;
+        let started = Instant::now();
+        let r = gateways[turn % gateways.len()]
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["busy"], "count": 20, "wait_ms": 300, "worker_id": "w"}),
+            )
+            .await;
+        seen.lock().unwrap().request("fetch", started, &r);
+        if !r.status.is_success() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        for job in r.body["jobs"].as_array().unwrap() {
+            let id = job["id"].as_str().unwrap();
+            let attempt = job["attempt"].as_u64().unwrap();
+            seen.lock().unwrap().claimed(id, attempt);
+            let fails = job["args"][0].as_u64().unwrap_or(0) % 7 == 3 && attempt == 1;
+            let settled = settle(gateways, &mut turn, seen, id, fails).await;
+            if !fails && settled {
+                seen.lock().unwrap().acked.insert(id.to_owned());
+            }
+        }
+    }
+}
+
+/// ACKs (or FAILs) a job until an answer is not a 5xx; whether the job got there. A 409
+/// after a 5xx is read as the earlier try having landed when the job shows it.
+async fn settle(
+    gateways: &[&TestApp],
+    turn: &mut usize,
+    seen: &Mutex<Seen>,
+    id: &str,
+    fail: bool,
+) -> bool {
+    let mut retried = false;
+    loop {
+        let gateway = gateways[*turn % gateways.len()];
+        let started = Instant::now();
+        let r = if fail {
+            let error = json!({"code": "flaky", "message": "the first try fails"});
+            gateway.fail(json!({"job_id": id, "error": error})).await
+        } else {
+            gateway.ack(json!({"job_id": id})).await
+        };
+        seen.lock()
+            .unwrap()
+            .request(if fail { "fail" } else { "ack" }, started, &r);
+        if r.status.is_success() {
+            return true;
+        }
+        if !r.status.is_server_error() {
+            if !retried {
+                return false;
+            }
+            let state = state_of(gateway, id).await;
+            return if fail {
+                state != "active"
+            } else {
+                state == "completed"
+            };
+        }
+        retried = true;
+        *turn += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The job's state, read again while NATS answers 5xx.
+async fn state_of(gateway: &TestApp, id: &str) -> Value {
+    for _ in 0..100 {
+        let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
+        if r.status.is_success() {
+            return r.body["job"]["state"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("job {id} could not be read");
+}
+
+/// Waits until every accepted job is acked, at most `within`.
+pub async fn drained(seen: &Mutex<Seen>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let done = {
+            let seen = seen.lock().unwrap();
+            seen.accepted.is_subset(&seen.acked)
+        };
+        if done || Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

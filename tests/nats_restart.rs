@@ -1,0 +1,156 @@
+//! One nats-server killed and restarted under load (docs/architecture.md §4, "NATS goes
+//! away"): the gateways reconnect by themselves, health says degraded meanwhile, a long
+//! poll open at the kill ends, nothing accepted is lost, and the coordinator resumes —
+//! timers due during the gap fire after it, and every cron tick of the gap fires once.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::load::{self, Seen};
+use common::{eventually, spawn_app, NatsServer, TestApp};
+use serde_json::json;
+
+/// How long NATS stays away: longer than `nats_timeout_ms`, so requests in the gap fail.
+const DOWN: Duration = Duration::from_secs(7);
+
+/// Every cron tick fired into queue `ticks`, as Unix seconds, with duplicates kept.
+async fn ticks(app: &TestApp) -> Vec<i64> {
+    let mut seconds = Vec::new();
+    loop {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["ticks"], "count": 1000}),
+            )
+            .await;
+        let jobs = r.body["jobs"].as_array().expect("a FETCH answer").clone();
+        if jobs.is_empty() {
+            return seconds;
+        }
+        seconds.extend(jobs.iter().map(|j| {
+            let at = j["meta"]["cron_triggered_at"].as_str().unwrap();
+            chrono::DateTime::parse_from_rfc3339(at)
+                .unwrap()
+                .timestamp_millis()
+                / 1000
+        }));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_under_load_loses_nothing_and_the_coordinator_resumes() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let r = a
+        .post(
+            "/ojs/v1/cron",
+            json!({"name": "pulse", "expression": "@every 1s", "overlap_policy": "allow",
+                "job_template": {"type": "cron.tick", "args": [], "options": {"queue": "ticks"}}}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let registered = chrono::Utc::now().timestamp();
+    let nats = Mutex::new(nats);
+    let seen = Mutex::new(Seen::default());
+    let stop_producing = AtomicBool::new(false);
+    let stop_working = AtomicBool::new(false);
+
+    let faults = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let poll = async {
+            let started = Instant::now();
+            let r = a
+                .post(
+                    "/ojs/v1/workers/fetch",
+                    json!({"queues": ["quiet"], "count": 1, "wait_ms": 5000}),
+                )
+                .await;
+            (started.elapsed(), r)
+        };
+        let outage = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let down = Instant::now();
+            nats.lock().unwrap().kill();
+            for app in [&a, &b] {
+                eventually(
+                    Duration::from_secs(10),
+                    "health saying degraded",
+                    || async {
+                        let r = app.get("/ojs/v1/health").await;
+                        (r.status == 503 && r.body["status"] == "degraded").then_some(())
+                    },
+                )
+                .await;
+            }
+            tokio::time::sleep(DOWN.saturating_sub(down.elapsed())).await;
+            tokio::task::block_in_place(|| nats.lock().unwrap().restart());
+            down
+        };
+        let ((polled, poll), down) = tokio::join!(poll, outage);
+        for app in [&a, &b] {
+            eventually(Duration::from_secs(20), "health ok again", || async {
+                (app.get("/ojs/v1/health").await.status == 200).then_some(())
+            })
+            .await;
+        }
+        let healthy = down.elapsed();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop_producing.store(true, Ordering::Relaxed);
+        load::drained(&seen, Duration::from_secs(60)).await;
+        stop_working.store(true, Ordering::Relaxed);
+        (down, healthy, polled, poll)
+    };
+    let (producers, workers) = ([&a, &b], [&b, &a]);
+    let ((down, healthy, polled, poll), (), ()) = tokio::join!(
+        faults,
+        load::produce(&producers, &seen, &stop_producing),
+        load::work(&workers, &seen, &stop_working),
+    );
+
+    {
+        let seen = seen.lock().unwrap();
+        seen.report(&[down], DOWN + Duration::from_secs(10));
+        println!(
+            "NATS away for {DOWN:?}; both gateways healthy {healthy:?} after the kill; the long poll open then ended after {polled:?} with {}",
+            poll.status
+        );
+        seen.check(Duration::from_secs(12));
+    }
+    // The long poll (wait 5 s) ended by its deadline, either empty or saying retry.
+    assert!(
+        polled < Duration::from_secs(16),
+        "long poll took {polled:?}"
+    );
+    assert!(
+        poll.status == 200 && poll.body["jobs"] == json!([]) || poll.status == 503,
+        "{} {}",
+        poll.status,
+        poll.body
+    );
+
+    // Each tick since registration fired once, the ones due while NATS was away included.
+    let r = a.delete("/ojs/v1/cron/pulse").await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let deleted = chrono::Utc::now().timestamp();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fired = ticks(&a).await;
+    let distinct: BTreeSet<i64> = fired.iter().copied().collect();
+    assert_eq!(distinct.len(), fired.len(), "a tick fired twice: {fired:?}");
+    let missing: Vec<i64> = (registered + 1..deleted - 1)
+        .filter(|s| !distinct.contains(s))
+        .collect();
+    println!(
+        "cron @every 1s: {} ticks from {registered} to {deleted}, missing {missing:?}",
+        fired.len()
+    );
+    assert!(missing.is_empty(), "ticks were lost: {missing:?}");
+}

@@ -113,7 +113,10 @@ impl TimerScheduler {
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                             tokio::spawn(async move {
                                 match store.fire(&timer.timer).await {
-                                    Ok(_) => store.timer_done(timer).await,
+                                    Ok(_) => {
+                                        store.failpoint("scheduler.timer_fired").await;
+                                        store.timer_done(timer).await;
+                                    }
                                     Err(err) => {
                                         warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");
                                         let _ = retry.send(timer);

@@ -158,7 +158,7 @@ impl Store {
                     Err(err) => Err(err),
                 };
                 match enqueued {
-                    Ok(()) => {}
+                    Ok(()) => self.failpoint("cron.enqueued").await,
                     // This tick was fired before (a leader died before advancing the entry).
                     Err(err) if err.code == ErrorCode::Duplicate => {}
                     // Refused for good (a limit reached since registration): the tick is

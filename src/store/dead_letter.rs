@@ -210,6 +210,7 @@ impl Store {
                 .await
             {
                 Ok(()) => {
+                    self.failpoint("dead_letter.purged").await;
                     self.drop_dead_letter_entry(entry).await;
                     return Ok(());
                 }

@@ -105,6 +105,7 @@ impl Store {
             }
         }
         all_stored(acks, "publishing a job to its queue").await?;
+        self.failpoint("enqueue.published").await;
 
         let creates = records
             .iter()

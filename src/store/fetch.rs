@@ -317,6 +317,7 @@ impl Store {
             let Some(written) = self.write(&d.id, &next, revision).await? else {
                 continue;
             };
+            self.failpoint("fetch.claimed").await;
             if next.job.state == JobState::Active {
                 self.inner.recent.remember(&d.id, next.clone(), written);
             }

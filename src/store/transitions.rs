@@ -107,7 +107,9 @@ impl Store {
                 Err(err) => return Err(err),
             };
             self.prepare(&before, &mut after).await?;
+            self.failpoint("transition.prepared").await;
             if let Some(written) = self.write(id, &after, revision).await? {
+                self.failpoint("transition.written").await;
                 if after.job.state == JobState::Active {
                     self.inner.recent.remember(id, after.clone(), written);
                 }

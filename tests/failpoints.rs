@@ -1,0 +1,383 @@
+//! A gateway killed (`exit`, as `kill -9`) at each named point between two NATS calls
+//! (docs/architecture.md §3.15, §4), with a second gateway on the same NATS: afterwards no
+//! accepted job is lost, none is handed out twice, and each job's state is the one its
+//! history explains — within the repair bound architecture.md states for that point.
+//!
+//! Each point runs once; `OJS_FAULT_RUNS=20 cargo test --test failpoints` is the soak mode.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{spawn_app_with, test_config, GatewayProcess, NatsServer, Reply, TestApp};
+use ojs_jetstream::config::Config;
+use serde_json::{json, Value};
+
+/// AckWait and visibility timeout of both gateways: how long a message or a claim held by
+/// the dead gateway stays with it.
+const HOLD_MS: u64 = 2000;
+/// The exit code of a failpoint's `exit`.
+const FAILPOINT_EXIT: i32 = 86;
+
+/// How many times each point runs (`OJS_FAULT_RUNS`, default 1).
+fn runs() -> usize {
+    std::env::var("OJS_FAULT_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+/// A gateway process armed to exit at one point, a healthy in-process gateway, one NATS.
+struct Pair {
+    armed: GatewayProcess,
+    healthy: TestApp,
+    _nats: NatsServer,
+}
+
+/// Which gateway holds the coordinator lease while the armed one is alive.
+#[derive(PartialEq)]
+enum Leader {
+    Armed,
+    Healthy,
+}
+
+impl Pair {
+    async fn start(point: &str, leader: Leader) -> Pair {
+        let nats = NatsServer::start();
+        let failpoints = format!("{point}=exit");
+        let hold = HOLD_MS.to_string();
+        let env = [
+            ("OJS_FAILPOINTS", failpoints.as_str()),
+            ("OJS_ACK_WAIT_MS", hold.as_str()),
+            ("OJS_VISIBILITY_TIMEOUT_MS", hold.as_str()),
+        ];
+        let config = Config {
+            ack_wait_ms: HOLD_MS,
+            visibility_timeout_ms: HOLD_MS,
+            ..test_config(&nats.url)
+        };
+        // The first to start takes the lease; the other waits for it to expire.
+        let (armed, healthy) = if leader == Leader::Armed {
+            let armed = GatewayProcess::start(&nats.url, &env).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            (armed, spawn_app_with(config).await)
+        } else {
+            let healthy = spawn_app_with(config).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            (GatewayProcess::start(&nats.url, &env).await, healthy)
+        };
+        Pair {
+            armed,
+            healthy,
+            _nats: nats,
+        }
+    }
+
+    /// Asserts that the armed gateway died at its point (so the test reached it).
+    async fn died(&mut self) {
+        let code = self.armed.exit_code(Duration::from_secs(10)).await;
+        assert_eq!(code, Some(FAILPOINT_EXIT), "the failpoint was not reached");
+    }
+
+    /// Enqueues a job through the healthy gateway and claims it through the armed one.
+    async fn claimed_by_armed(&self, job: Value) -> String {
+        let id = self.healthy.enqueue(job).await;
+        let r = self
+            .armed
+            .try_post("/ojs/v1/workers/fetch", fetch_body("w1", 5000))
+            .await
+            .expect("the armed gateway answers a FETCH");
+        assert_eq!(
+            common::job_ids(&r.body["jobs"]),
+            [id.as_str()],
+            "{}",
+            r.body
+        );
+        id
+    }
+
+    /// Runs `id` to completion through the healthy gateway: it is handed out once, at
+    /// `attempt`, within `within`; its ACK succeeds; nothing is handed out after that.
+    async fn completes_once(&self, id: &str, attempt: u64, within: Duration) {
+        let started = Instant::now();
+        let job = loop {
+            let r = self
+                .healthy
+                .post("/ojs/v1/workers/fetch", fetch_body("w2", 1000))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            if let Some(job) = r.body["jobs"].as_array().unwrap().first() {
+                break job.clone();
+            }
+            assert!(started.elapsed() < within, "{id} was not handed out again");
+        };
+        assert_eq!(job["id"], id);
+        assert_eq!(job["attempt"], attempt, "{job}");
+        let r = self
+            .healthy
+            .ack(json!({"job_id": id, "worker_id": "w2"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        self.nothing_more().await;
+        assert_eq!(self.healthy.job(id).await["state"], "completed");
+    }
+
+    /// No job is handed out for longer than a redelivery takes.
+    async fn nothing_more(&self) {
+        let r = self
+            .healthy
+            .post("/ojs/v1/workers/fetch", fetch_body("w3", HOLD_MS + 1500))
+            .await;
+        assert_eq!(r.body["jobs"], json!([]), "handed out again: {}", r.body);
+    }
+}
+
+fn fetch_body(worker: &str, wait_ms: u64) -> Value {
+    json!({"queues": ["fp"], "count": 1, "wait_ms": wait_ms, "worker_id": worker})
+}
+
+fn job() -> Value {
+    common::job_on("fp")
+}
+
+/// The answer the armed gateway gave before dying: none.
+fn no_answer(reply: Option<Reply>) {
+    if let Some(r) = reply {
+        panic!("answered {} before its failpoint: {}", r.status, r.body);
+    }
+}
+
+/// PUSH died between its queue message and its record: nothing was accepted; the client's
+/// retry with the same id through the other gateway is, and the job runs once.
+#[tokio::test]
+async fn push_killed_after_its_message_runs_once_when_the_client_retries() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("enqueue.published", Leader::Healthy).await;
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut body = job();
+        body["id"] = json!(id);
+        no_answer(p.armed.try_post("/ojs/v1/jobs", body.clone()).await);
+        p.died().await;
+        p.healthy
+            .get(&format!("/ojs/v1/jobs/{id}"))
+            .await
+            .assert_error(404, "not_found");
+        let r = p.healthy.post("/ojs/v1/jobs", body).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        p.completes_once(&id, 1, Duration::from_secs(5)).await;
+    }
+}
+
+/// A claim died before its first NATS step: the message comes back after AckWait and the
+/// job is claimed at its first attempt.
+#[tokio::test]
+async fn fetch_killed_before_its_claim_hands_the_job_out_after_ack_wait() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("fetch.claiming", Leader::Healthy).await;
+        let id = p.healthy.enqueue(job()).await;
+        no_answer(
+            p.armed
+                .try_post("/ojs/v1/workers/fetch", fetch_body("w1", 1000))
+                .await,
+        );
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "available");
+        p.completes_once(&id, 1, Duration::from_millis(HOLD_MS + 3000))
+            .await;
+    }
+}
+
+/// A claim died after its write, before the worker heard of it: the job is active with
+/// nobody holding it until its reservation lapses, then runs at attempt 2.
+#[tokio::test]
+async fn fetch_killed_after_its_claim_lapses_and_runs_again() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("fetch.claimed", Leader::Healthy).await;
+        let id = p.healthy.enqueue(job()).await;
+        no_answer(
+            p.armed
+                .try_post("/ojs/v1/workers/fetch", fetch_body("w1", 1000))
+                .await,
+        );
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "active");
+        p.completes_once(&id, 2, Duration::from_millis(HOLD_MS + 3000))
+            .await;
+    }
+}
+
+/// An ACK died before its write: the job is still active; the worker's retry through the
+/// other gateway completes it and its message is not handed out again.
+#[tokio::test]
+async fn ack_killed_before_its_write_succeeds_when_retried() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("transition.prepared", Leader::Healthy).await;
+        let id = p.claimed_by_armed(job()).await;
+        no_answer(
+            p.armed
+                .try_post(
+                    "/ojs/v1/workers/ack",
+                    json!({"job_id": id, "worker_id": "w1"}),
+                )
+                .await,
+        );
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "active");
+        let r = p
+            .healthy
+            .ack(json!({"job_id": id, "worker_id": "w1"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        p.nothing_more().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "completed");
+    }
+}
+
+/// An ACK died after its write, before releasing the message: the job is completed, the
+/// retried ACK says so (409), and the message's redelivery is dropped, not handed out.
+#[tokio::test]
+async fn ack_killed_after_its_write_leaves_a_completed_job_and_no_redelivery() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("transition.written", Leader::Healthy).await;
+        let id = p.claimed_by_armed(job()).await;
+        no_answer(
+            p.armed
+                .try_post(
+                    "/ojs/v1/workers/ack",
+                    json!({"job_id": id, "worker_id": "w1"}),
+                )
+                .await,
+        );
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "completed");
+        let r = p
+            .healthy
+            .ack(json!({"job_id": id, "worker_id": "w1"}))
+            .await;
+        r.assert_error(409, "conflict");
+        p.nothing_more().await;
+    }
+}
+
+/// A FAIL died after its retry timer, before its write: the retried FAIL schedules the
+/// retry once; the spare timer fires stale; attempt 2 runs once.
+#[tokio::test]
+async fn fail_killed_before_its_write_retries_the_job_once() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("transition.prepared", Leader::Healthy).await;
+        let id = p.claimed_by_armed(job()).await;
+        let fail = json!({"job_id": id, "worker_id": "w1",
+            "error": {"code": "flaky", "message": "try again"}});
+        no_answer(p.armed.try_post("/ojs/v1/workers/fail", fail.clone()).await);
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "active");
+        let r = p.healthy.fail(fail).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        p.completes_once(&id, 2, Duration::from_secs(10)).await;
+    }
+}
+
+/// A FAIL died after its write: the job is retryable and runs at attempt 2, once.
+#[tokio::test]
+async fn fail_killed_after_its_write_retries_the_job_once() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("transition.written", Leader::Healthy).await;
+        let id = p.claimed_by_armed(job()).await;
+        let fail = json!({"job_id": id, "worker_id": "w1",
+            "error": {"code": "flaky", "message": "try again"}});
+        no_answer(p.armed.try_post("/ojs/v1/workers/fail", fail).await);
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "retryable");
+        p.completes_once(&id, 2, Duration::from_secs(10)).await;
+    }
+}
+
+/// A CANCEL died after its write: the job is cancelled and never handed out.
+#[tokio::test]
+async fn cancel_killed_after_its_write_leaves_a_cancelled_job() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("transition.written", Leader::Healthy).await;
+        let id = p.healthy.enqueue(job()).await;
+        no_answer(p.armed.try_delete(&format!("/ojs/v1/jobs/{id}")).await);
+        p.died().await;
+        assert_eq!(p.healthy.job(&id).await["state"], "cancelled");
+        p.nothing_more().await;
+    }
+}
+
+/// The leader died after firing a scheduled job's timer, before acknowledging it: the next
+/// leader fires it again, harmlessly, and the job runs once.
+#[tokio::test]
+async fn leader_killed_after_firing_a_timer_runs_the_job_once() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("scheduler.timer_fired", Leader::Armed).await;
+        let mut scheduled = job();
+        scheduled["options"]["scheduled_at"] = json!("+PT1S");
+        let id = p.healthy.enqueue(scheduled).await;
+        p.died().await;
+        p.completes_once(&id, 1, Duration::from_secs(5)).await;
+    }
+}
+
+/// The leader died after a cron tick's job, before moving the entry on: the next leader
+/// fires the same tick again, which finds its job there; no tick runs twice.
+#[tokio::test]
+async fn leader_killed_after_a_cron_tick_fires_no_tick_twice() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("cron.enqueued", Leader::Armed).await;
+        let r = p
+            .healthy
+            .post(
+                "/ojs/v1/cron",
+                json!({"name": "fp-tick", "expression": "@every 1s", "overlap_policy": "allow",
+                    "job_template": {"type": "cron.tick", "args": [], "options": {"queue": "fp"}}}),
+            )
+            .await;
+        assert!(r.status.is_success(), "{}", r.body);
+        p.died().await;
+        // The healthy gateway leads within a lease TTL and catches up.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        p.healthy.delete("/ojs/v1/cron/fp-tick").await;
+        let r = p
+            .healthy
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["fp"], "count": 100}),
+            )
+            .await;
+        let mut ticks: Vec<&str> = r.body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["meta"]["cron_triggered_at"].as_str().unwrap())
+            .collect();
+        assert!(ticks.len() >= 2, "{}", r.body);
+        let all = ticks.len();
+        ticks.sort_unstable();
+        ticks.dedup();
+        assert_eq!(ticks.len(), all, "a tick ran twice: {}", r.body);
+    }
+}
+
+/// A dead-letter delete died after purging the record, before removing the entry: the job
+/// is gone, and the stale entry is not listed.
+#[tokio::test]
+async fn dead_letter_delete_killed_after_its_purge_leaves_the_job_gone() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("dead_letter.purged", Leader::Healthy).await;
+        let id = common::dead_letter_a_job(&p.healthy, "fp").await;
+        no_answer(
+            p.armed
+                .try_delete(&format!("/ojs/v1/dead-letter/{id}"))
+                .await,
+        );
+        p.died().await;
+        p.healthy
+            .get(&format!("/ojs/v1/jobs/{id}"))
+            .await
+            .assert_error(404, "not_found");
+        let r = p.healthy.get("/ojs/v1/dead-letter").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
+    }
+}

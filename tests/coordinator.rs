@@ -359,3 +359,53 @@ async fn a_reservation_claimed_just_before_the_leader_dies_still_lapses() {
     .await;
     assert_eq!(back["job"]["attempt"], 1);
 }
+
+/// Two leaders at once (architecture §3.10): the leader freezes (SIGSTOP) past its lease
+/// while its event publisher holds a job write, another replica leads and acknowledges
+/// later writes, then the frozen one resumes and steps down without publishing what it
+/// held. That write's event still comes: each leadership reads the writes through a
+/// consumer of its own, starting where the one before it had acknowledged.
+#[tokio::test]
+async fn a_leader_frozen_past_its_lease_loses_no_event() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let frozen = GatewayProcess::start(
+        &nats.url,
+        &[("OJS_FAILPOINTS", "events.pulled=delay(10000)")],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let app = spawn_app(&nats.url).await;
+    let enqueued = |id: String| {
+        let app = &app;
+        async move {
+            let r = app
+                .get("/ojs/v1/events?types=job.enqueued&queues=frozen")
+                .await;
+            r.body["events"]
+                .as_array()?
+                .iter()
+                .any(|e| e["subject"] == id.as_str())
+                .then_some(())
+        }
+    };
+    let first = app.enqueue(job_on("frozen")).await;
+    // The leader's publisher takes the write and holds it at the failpoint.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        enqueued(first.clone()).await.is_none(),
+        "the frozen gateway leads"
+    );
+    frozen.pause();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = app.enqueue(job_on("frozen")).await;
+    eventually(Duration::from_secs(5), "the new leader's events", || {
+        enqueued(later.clone())
+    })
+    .await;
+    frozen.resume();
+    eventually(Duration::from_secs(10), "the held write's event", || {
+        enqueued(first.clone())
+    })
+    .await;
+}

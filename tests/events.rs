@@ -121,10 +121,27 @@ async fn events_are_published_on_nats_subjects() {
     assert_eq!(event["subject"], id.as_str());
 }
 
-/// A job-write feed consumer left by a build that acknowledged every write (AckExplicit) is
-/// replaced by an AckAll one that continues where the old one stopped.
+/// The event publisher's consumers on the jobs stream: (name, consumer).
+async fn feeds(
+    stream: &async_nats::jetstream::stream::Stream,
+) -> Vec<(String, async_nats::jetstream::consumer::PullConsumer)> {
+    use futures::TryStreamExt;
+    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+    let mut feeds = Vec::new();
+    for name in names
+        .into_iter()
+        .filter(|n| n.starts_with("event-publisher"))
+    {
+        feeds.push((name.clone(), stream.get_consumer(&name).await.unwrap()));
+    }
+    feeds
+}
+
+/// The single job-write feed consumer of earlier versions (`event-publisher`, here one
+/// that acknowledged every write) is taken over where it stopped by the leadership's own
+/// consumer, and then removed.
 #[tokio::test]
-async fn an_explicit_ack_feed_consumer_is_replaced_where_it_stopped() {
+async fn an_earlier_versions_feed_consumer_is_taken_over_where_it_stopped() {
     use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 
     let nats = NatsServer::start();
@@ -135,11 +152,13 @@ async fn an_explicit_ack_feed_consumer_is_replaced_where_it_stopped() {
 
     let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
     let stream = js.get_stream("KV_ojs-jobs").await.unwrap();
-    let mut old: async_nats::jetstream::consumer::PullConsumer =
-        stream.get_consumer("event-publisher").await.unwrap();
-    let floor = old.info().await.unwrap().ack_floor.stream_sequence;
+    let mut current = feeds(&stream).await;
+    assert_eq!(current.len(), 1, "one feed consumer per leadership");
+    let (name, mut feed) = current.pop().unwrap();
+    assert!(name.starts_with("event-publisher-"), "{name}");
+    let floor = feed.info().await.unwrap().ack_floor.stream_sequence;
     assert!(floor > 0, "the first job's write was handled");
-    stream.delete_consumer("event-publisher").await.unwrap();
+    stream.delete_consumer(&name).await.unwrap();
     stream
         .create_consumer(pull::Config {
             durable_name: Some("event-publisher".into()),
@@ -157,8 +176,10 @@ async fn an_explicit_ack_feed_consumer_is_replaced_where_it_stopped() {
     let events = events_of(&app, "type=job.enqueued", 2).await;
     let ids: Vec<_> = events.iter().map(|e| e["data"]["job_id"].clone()).collect();
     assert_eq!(ids, [json!(first), json!(second)]);
-    let mut feed: async_nats::jetstream::consumer::PullConsumer =
-        stream.get_consumer("event-publisher").await.unwrap();
+    let mut current = feeds(&stream).await;
+    assert_eq!(current.len(), 1, "the earlier consumer is removed");
+    let (name, mut feed) = current.pop().unwrap();
+    assert!(name.starts_with("event-publisher-"), "{name}");
     let info = feed.info().await.unwrap();
     assert_eq!(info.config.ack_policy, AckPolicy::All);
     assert!(

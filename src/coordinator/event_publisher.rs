@@ -23,16 +23,22 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 pub struct EventPublisher {
     store: Store,
     metrics: Metrics,
+    /// The leadership it publishes for; it reads the writes through that term's consumer.
+    term: u64,
 }
 
 impl EventPublisher {
-    pub fn new(store: Store, metrics: Metrics) -> EventPublisher {
-        EventPublisher { store, metrics }
+    pub fn new(store: Store, metrics: Metrics, term: u64) -> EventPublisher {
+        EventPublisher {
+            store,
+            metrics,
+            term,
+        }
     }
 
     pub async fn run(self, cancel: CancellationToken) {
         while !cancel.is_cancelled() {
-            let mut writes = match self.store.job_writes().await {
+            let mut writes = match self.store.job_writes(self.term).await {
                 Ok(w) => w,
                 Err(err) => {
                     warn!(error = %err, "event publisher cannot open the job-write feed");
@@ -54,6 +60,7 @@ impl EventPublisher {
                     _ = cancel.cancelled() => return,
                     batch = writes.next_batch() => {
                         let Some(batch) = batch else { break };
+                        self.store.failpoint("events.pulled").await;
                         if !self.publish(&batch, &cancel).await {
                             return;
                         }

@@ -88,13 +88,12 @@ impl Coordinator {
             if resting_until.is_some_and(|until| Instant::now() < until) {
                 continue;
             }
-            let holding = lease.try_hold().await;
-            match (holding, leading.is_some()) {
-                (true, false) => {
-                    info!(instance = %self.instance, "this replica now leads the coordinator");
-                    leading = Some(self.lead(&cancel));
+            match (lease.try_hold().await, leading.is_some()) {
+                (Some(term), false) => {
+                    info!(instance = %self.instance, term, "this replica now leads the coordinator");
+                    leading = Some(self.lead(&cancel, term));
                 }
-                (false, true) => {
+                (None, true) => {
                     warn!(instance = %self.instance, "lost the coordinator lease; stepping down");
                     if let Some(l) = leading.take() {
                         l.stop(self.lease_ttl / 3).await;
@@ -109,13 +108,14 @@ impl Coordinator {
         lease.release().await;
     }
 
-    /// Starts every leader service, each in its own task.
-    fn lead(&self, cancel: &CancellationToken) -> Leadership {
+    /// Starts every leader service, each in its own task. Those that must not act on
+    /// another leadership's behalf are fenced by `term` (architecture §3.10).
+    fn lead(&self, cancel: &CancellationToken, term: u64) -> Leadership {
         let mut l = Leadership::new(cancel);
         let (store, token) = (&self.store, l.token.clone());
         l.spawn(
             "event_publisher",
-            EventPublisher::new(store.clone(), self.metrics.clone()).run(token.clone()),
+            EventPublisher::new(store.clone(), self.metrics.clone(), term).run(token.clone()),
         );
         l.spawn(
             "scheduler",
@@ -123,7 +123,10 @@ impl Coordinator {
         );
         l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
         if let Some(max_age) = store.finished_jobs_max_age() {
-            l.spawn("pruner", Pruner::new(store.clone(), max_age).run(token));
+            l.spawn(
+                "pruner",
+                Pruner::new(store.clone(), max_age, term).run(token),
+            );
         }
         l
     }

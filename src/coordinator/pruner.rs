@@ -21,11 +21,17 @@ const IDLE: Duration = Duration::from_secs(1);
 pub struct Pruner {
     store: Store,
     max_age: Duration,
+    /// The leadership it prunes for: only behind that leadership's event publisher.
+    term: u64,
 }
 
 impl Pruner {
-    pub fn new(store: Store, max_age: Duration) -> Pruner {
-        Pruner { store, max_age }
+    pub fn new(store: Store, max_age: Duration, term: u64) -> Pruner {
+        Pruner {
+            store,
+            max_age,
+            term,
+        }
     }
 
     pub async fn run(self, cancel: CancellationToken) {
@@ -63,7 +69,7 @@ impl Pruner {
             Some(next) => next,
             None => self.store.pruner_cursor().await?,
         };
-        let readable = self.store.prunable_sequences().await?;
+        let readable = self.store.prunable_sequences(self.term).await?;
         // Sequences start at 1; an empty stream reports 0 as its first.
         let from = from.max(*readable.start()).max(1);
         if from > *readable.end() {

@@ -4,10 +4,13 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use futures::StreamExt;
+use tracing::warn;
 
 use super::error::{all_stored, backend};
+use super::topology::Topology;
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::event::Event;
@@ -181,45 +184,24 @@ pub struct JobWrite {
 }
 
 impl Store {
-    /// Opens the durable feed of job writes.
+    /// Opens the job-write feed of the leadership `term`; reopened within the term, it
+    /// continues where it was.
     ///
     /// # Errors
-    /// When the consumer cannot be created.
-    pub async fn job_writes(&self) -> Result<JobWrites, OjsError> {
-        let t = &self.inner.topology;
-        let stream = self
-            .inner
-            .js
-            .get_stream(format!("KV_{}", t.jobs_bucket()))
-            .await
-            .map_err(backend("opening the jobs stream"))?;
-        let mut consumer: PullConsumer = stream
-            .get_or_create_consumer(&t.event_publisher_consumer(), t.event_publisher_config())
-            .await
-            .map_err(backend("opening the job-write feed"))?;
-        let wanted = t.event_publisher_config();
-        let config = &consumer.cached_info().config;
-        if config.ack_policy != wanted.ack_policy
-            || config.max_ack_pending != wanted.max_ack_pending
-        {
-            // Made by a build that acknowledged each write, or with a lower limit: replace
-            // it, continuing after the last write it saw acknowledged, since an ack policy
-            // cannot be changed in place.
-            let floor = consumer.cached_info().ack_floor.stream_sequence;
-            stream
-                .delete_consumer(&t.event_publisher_consumer())
+    /// When NATS fails, or a later leadership has taken over.
+    pub async fn job_writes(&self, term: u64) -> Result<JobWrites, OjsError> {
+        let stream = &self.inner.jobs.stream;
+        let name = self.inner.topology.event_publisher_consumer(term);
+        let consumer: PullConsumer = match stream.consumer_info(&name).await {
+            Ok(_) => stream
+                .get_consumer(&name)
                 .await
-                .map_err(backend("replacing the job-write feed"))?;
-            consumer = stream
-                .create_consumer(pull::Config {
-                    deliver_policy: DeliverPolicy::ByStartSequence {
-                        start_sequence: floor + 1,
-                    },
-                    ..wanted
-                })
-                .await
-                .map_err(backend("replacing the job-write feed"))?;
-        }
+                .map_err(backend("opening the job-write feed"))?,
+            Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
+                self.take_over_job_writes(term).await?
+            }
+            Err(err) => return Err(backend("opening the job-write feed")(err)),
+        };
         let messages = consumer
             .messages()
             .await
@@ -227,6 +209,51 @@ impl Store {
         Ok(JobWrites {
             messages: messages.ready_chunks(BATCH).boxed(),
         })
+    }
+
+    /// Creates the consumer of leadership `term`, starting after the last write the latest
+    /// earlier leadership acknowledged, then deletes the earlier leaderships' consumers: a
+    /// replica still acting as leader after losing the lease (a long pause) can then no
+    /// longer read on, nor acknowledge writes this leadership has not handled (architecture
+    /// §3.4). What that replica acknowledges between the floor read here and the delete is
+    /// read again here: events twice (dropped as duplicates), never none.
+    async fn take_over_job_writes(&self, term: u64) -> Result<PullConsumer, OjsError> {
+        let stream = &self.inner.jobs.stream;
+        let mut earlier = Vec::new();
+        let mut names = stream.consumer_names();
+        while let Some(name) = names.next().await {
+            let name = name.map_err(backend("listing the job-write feeds"))?;
+            match Topology::event_publisher_term(&name) {
+                Some(t) if t > term => {
+                    return Err(OjsError::backend(
+                        "A later leadership publishes the events; this one stands down.",
+                    ))
+                }
+                Some(t) if t < term => earlier.push((t, name)),
+                _ => {}
+            }
+        }
+        let floor = match earlier.iter().max() {
+            Some((_, latest)) => {
+                stream
+                    .consumer_info(latest)
+                    .await
+                    .map_err(backend("reading the event publisher's progress"))?
+                    .ack_floor
+                    .stream_sequence
+            }
+            None => 0,
+        };
+        let consumer = stream
+            .create_consumer(self.inner.topology.event_publisher_config(term, floor))
+            .await
+            .map_err(backend("creating the job-write feed"))?;
+        for (_, name) in earlier {
+            if let Err(err) = stream.delete_consumer(&name).await {
+                warn!(consumer = %name, error = %err, "could not delete an earlier leadership's job-write feed");
+            }
+        }
+        Ok(consumer)
     }
 }
 
@@ -240,7 +267,7 @@ impl JobWrites {
                 .filter_map(|m| match m {
                     Ok(msg) => Some(msg),
                     Err(err) => {
-                        tracing::warn!(error = %err, "job-write feed error");
+                        warn!(error = %err, "job-write feed error");
                         None
                     }
                 })
@@ -279,7 +306,7 @@ impl JobWrite {
     /// Marks this write and every earlier one as handled.
     pub async fn done_through(&self) {
         if let Err(err) = self.msg.ack().await {
-            tracing::warn!(error = %err, "could not acknowledge a job write");
+            warn!(error = %err, "could not acknowledge a job write");
         }
     }
 }

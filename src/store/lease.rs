@@ -13,6 +13,8 @@ pub struct Lease {
     holder: String,
     /// The revision of our last successful write, while we hold the lease.
     revision: Option<u64>,
+    /// The revision that acquired the lease, while we hold it: the leadership's term.
+    term: Option<u64>,
     /// Longest wait for a write's answer: a third of the lease's time-to-live.
     answer_within: std::time::Duration,
 }
@@ -25,15 +27,18 @@ impl Store {
             key: name.to_owned(),
             holder: holder.to_owned(),
             revision: None,
+            term: None,
             answer_within: self.inner.topology.lease_ttl / 3,
         }
     }
 }
 
 impl Lease {
-    /// Acquires the lease if it is free, or renews it if we hold it. `true` while we hold it.
-    /// Any failure counts as not holding: a holder that cannot renew must step down.
-    pub async fn try_hold(&mut self) -> bool {
+    /// Acquires the lease if it is free, or renews it if we hold it. While we hold it, the
+    /// leadership's term: the lease's revision when we acquired it, higher than that of
+    /// every leadership before (revisions only grow). Any failure counts as not holding: a
+    /// holder that cannot renew must step down.
+    pub async fn try_hold(&mut self) -> Option<u64> {
         let value = self.holder.clone().into_bytes().into();
         let write = async {
             match self.revision {
@@ -57,25 +62,23 @@ impl Lease {
         match result {
             Ok(rev) => {
                 self.revision = Some(rev);
-                true
+                Some(*self.term.get_or_insert(rev))
             }
             Err(err) => {
+                self.term = None;
                 if self.revision.take().is_some() {
                     debug!(lease = %self.key, error = %err, "lost the lease");
                 }
-                false
+                None
             }
         }
     }
 
     /// Gives the lease up at once, so another replica need not wait for it to expire.
     pub async fn release(&mut self) {
+        self.term = None;
         if let Some(rev) = self.revision.take() {
             let _ = self.kv.purge_expect_revision(&self.key, Some(rev)).await;
         }
-    }
-
-    pub fn is_held(&self) -> bool {
-        self.revision.is_some()
     }
 }

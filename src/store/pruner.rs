@@ -59,13 +59,17 @@ impl Store {
         Ok(())
     }
 
-    /// The sequences of the jobs stream the pruner may look at now: from the stream's first
-    /// one through the last write the event publisher has acknowledged, so no write is
-    /// removed before its events are stored. Empty (`first > last`) before that.
+    /// The sequences of the jobs stream the pruner of leadership `term` may look at now:
+    /// from the stream's first one through the last write that leadership's event publisher
+    /// has acknowledged, so no write is removed before its events are stored. Empty
+    /// (`first > last`) before that, and for a leadership whose feed a later one replaced.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn prunable_sequences(&self) -> Result<std::ops::RangeInclusive<u64>, OjsError> {
+    pub async fn prunable_sequences(
+        &self,
+        term: u64,
+    ) -> Result<std::ops::RangeInclusive<u64>, OjsError> {
         let stream = &self.inner.jobs.stream;
         let first = stream
             .get_info()
@@ -74,7 +78,7 @@ impl Store {
             .state
             .first_sequence;
         let acked = match stream
-            .consumer_info(self.inner.topology.event_publisher_consumer())
+            .consumer_info(self.inner.topology.event_publisher_consumer(term))
             .await
         {
             Ok(info) => info.ack_floor.stream_sequence,

@@ -6,6 +6,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 
+/// Name (and name prefix) of the event publisher's consumers on the jobs stream.
+const EVENT_PUBLISHER: &str = "event-publisher";
+
 /// Everything derived from the namespace and the storage settings.
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -134,9 +137,20 @@ impl Topology {
         format!("{}.control.reset", self.namespace)
     }
 
-    /// The durable consumer that turns job-record writes into events.
-    pub fn event_publisher_consumer(&self) -> String {
-        "event-publisher".to_string()
+    /// The durable consumer through which the leadership of `term` turns job-record writes
+    /// into events: one per leadership, so a replica that leads no longer cannot acknowledge
+    /// writes for the one that does (architecture §3.4).
+    pub fn event_publisher_consumer(&self, term: u64) -> String {
+        format!("{EVENT_PUBLISHER}-{term}")
+    }
+
+    /// The term of an event-publisher consumer, from its name; 0 for the single consumer
+    /// of earlier versions.
+    pub fn event_publisher_term(name: &str) -> Option<u64> {
+        match name.strip_prefix(EVENT_PUBLISHER)? {
+            "" => Some(0),
+            rest => rest.strip_prefix('-')?.parse().ok(),
+        }
     }
 
     /// A key-value bucket's backing stream, created directly: async-nats'
@@ -199,14 +213,17 @@ impl Topology {
     }
 
     /// Acknowledging a write acknowledges every earlier one too: the publisher handles the
-    /// writes in order and acknowledges once per batch.
-    pub fn event_publisher_config(&self) -> consumer::pull::Config {
+    /// writes in order and acknowledges once per batch. Starts after `floor`, the last write
+    /// the leadership before acknowledged (0: from the first).
+    pub fn event_publisher_config(&self, term: u64, floor: u64) -> consumer::pull::Config {
         consumer::pull::Config {
-            durable_name: Some(self.event_publisher_consumer()),
+            durable_name: Some(self.event_publisher_consumer(term)),
             ack_policy: AckPolicy::All,
-            // A new leader sees what the old one left unacknowledged after this long.
+            // Redelivered after this long to the same leadership (a failed pull).
             ack_wait: Duration::from_secs(5),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: floor + 1,
+            },
             // Writes stay unacknowledged while the deadline watch needs them (§3.6): a
             // couple of seconds of writes at full speed.
             max_ack_pending: 1_000_000,
@@ -241,5 +258,24 @@ mod tests {
         assert_ne!(t.queue_stream("a.b"), t.queue_stream("a-b"));
         assert_eq!(t.queue_subject("reports.eu", -10), "ojs.q.reports_eu.-10");
         assert_eq!(t.event_subject("job.completed"), "ojs.events.job.completed");
+    }
+
+    #[test]
+    fn event_publisher_consumers_are_named_by_term() {
+        let t = topo();
+        assert_eq!(t.event_publisher_consumer(42), "event-publisher-42");
+        assert_eq!(
+            Topology::event_publisher_term("event-publisher-42"),
+            Some(42)
+        );
+        assert_eq!(Topology::event_publisher_term("event-publisher"), Some(0));
+        for other in [
+            "event-publisherx",
+            "event-publisher-",
+            "event-publisher-x",
+            "p1",
+        ] {
+            assert_eq!(Topology::event_publisher_term(other), None, "{other}");
+        }
     }
 }

@@ -516,6 +516,24 @@ impl GatewayProcess {
         }
     }
 
+    /// SIGSTOP: the process freezes, as in a long pause of its VM or host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// SIGKILL: no graceful shutdown, the lease is left to expire.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

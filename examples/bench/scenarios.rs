@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use ojs_jetstream::store::Topology;
 use serde_json::json;
 
 use crate::drivers::Tally;
@@ -418,11 +419,27 @@ impl Bench {
         let start = Instant::now();
         let stream = format!("KV_{}-jobs", self.settings.namespace);
         let limit = Duration::from_secs(60);
-        self.wait_for_consumer(&stream, "event-publisher", limit, |info| {
+        let publisher = self.current_event_publisher(&stream).await;
+        self.wait_for_consumer(&stream, &publisher, limit, |info| {
             info.num_pending == 0 && info.num_ack_pending == 0
         })
         .await;
         outcome.events_catch_up = Some(start.elapsed().as_secs_f64());
+    }
+
+    /// The event publisher consumer of the latest leadership on the jobs stream.
+    async fn current_event_publisher(&self, stream: &str) -> String {
+        use futures::StreamExt;
+        let mut latest = (0, "event-publisher".to_owned());
+        if let Ok(stream) = self.js.get_stream(stream).await {
+            let mut names = stream.consumer_names();
+            while let Some(Ok(name)) = names.next().await {
+                if let Some(term) = Topology::event_publisher_term(&name) {
+                    latest = latest.max((term, name));
+                }
+            }
+        }
+        latest.1
     }
 
     /// Polls the gateway's consumer `name` on `stream` until `done` holds for it, at most

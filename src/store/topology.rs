@@ -8,6 +8,8 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, Storag
 
 /// Name (and name prefix) of the event publisher's consumers on the jobs stream.
 const EVENT_PUBLISHER: &str = "event-publisher";
+/// How long the events stream drops a republished event (one with a known id).
+const EVENT_DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
 /// Everything derived from the namespace and the storage settings.
 #[derive(Debug, Clone)]
@@ -206,7 +208,12 @@ impl Topology {
             max_age: self.events_max_age,
             storage: self.storage,
             num_replicas: self.replicas,
-            duplicate_window: Duration::from_secs(120),
+            // Republished events (same id) are dropped within this window; NATS refuses a
+            // window longer than the stream's max age, so a shorter retention shortens it.
+            duplicate_window: match self.events_max_age {
+                Duration::ZERO => EVENT_DEDUP_WINDOW,
+                max_age => max_age.min(EVENT_DEDUP_WINDOW),
+            },
             allow_direct: true,
             ..Default::default()
         }
@@ -258,6 +265,26 @@ mod tests {
         assert_ne!(t.queue_stream("a.b"), t.queue_stream("a-b"));
         assert_eq!(t.queue_subject("reports.eu", -10), "ojs.q.reports_eu.-10");
         assert_eq!(t.event_subject("job.completed"), "ojs.events.job.completed");
+    }
+
+    #[test]
+    fn the_event_dedup_window_fits_in_the_events_retention() {
+        let mut t = topo();
+        t.events_max_age = Duration::from_secs(20);
+        assert_eq!(
+            t.events_stream_config().duplicate_window,
+            Duration::from_secs(20)
+        );
+        t.events_max_age = Duration::from_secs(86_400);
+        assert_eq!(
+            t.events_stream_config().duplicate_window,
+            Duration::from_secs(120)
+        );
+        t.events_max_age = Duration::ZERO; // no limit
+        assert_eq!(
+            t.events_stream_config().duplicate_window,
+            Duration::from_secs(120)
+        );
     }
 
     #[test]

@@ -470,7 +470,11 @@ impl GatewayProcess {
             child,
             base: format!("http://127.0.0.1:{port}"),
         };
-        let http = reqwest::Client::new();
+        // A gateway still waiting for NATS holds connections unanswered: ask again each second.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
         eventually(Duration::from_secs(20), "gateway process health", || {
             let url = format!("{}/ojs/v1/health", gw.base);
             let http = http.clone();
@@ -485,6 +489,29 @@ impl GatewayProcess {
         })
         .await;
         gw
+    }
+
+    /// A handle for requests to this gateway, as to an in-process one.
+    pub fn client(&self) -> TestApp {
+        TestApp {
+            addr: self.base.trim_start_matches("http://").parse().unwrap(),
+            base: self.base.clone(),
+            http: reqwest::Client::new(),
+            shutdown: None,
+            task: None,
+        }
+    }
+
+    /// The process's resident memory, in MiB (from `/proc`).
+    pub fn rss_mb(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the gateway process's status");
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb / 1024.0
     }
 
     /// POSTs `body`; `None` when the process went away before it answered.

@@ -42,6 +42,7 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
     let config = Config {
         nats_url: cluster.url(),
         replicas: 3,
+        visibility_timeout_ms: load::VISIBILITY_MS,
         ..test_config("")
     };
     let a = spawn_app_with(config.clone()).await;

@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::load::{self, Seen};
-use common::{eventually, spawn_app, NatsServer, TestApp};
+use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
+use ojs_jetstream::config::Config;
 use serde_json::json;
 
 /// How long NATS stays away: longer than `nats_timeout_ms`, so requests in the gap fail.
@@ -48,8 +49,12 @@ async fn a_nats_restart_under_load_loses_nothing_and_the_coordinator_resumes() {
         .with_test_writer()
         .try_init();
     let nats = NatsServer::start();
-    let a = spawn_app(&nats.url).await;
-    let b = spawn_app(&nats.url).await;
+    let config = Config {
+        visibility_timeout_ms: load::VISIBILITY_MS,
+        ..test_config(&nats.url)
+    };
+    let a = spawn_app_with(config.clone()).await;
+    let b = spawn_app_with(config).await;
     let r = a
         .post(
             "/ojs/v1/cron",

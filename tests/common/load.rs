@@ -12,6 +12,11 @@ use serde_json::{json, Value};
 
 use super::{Reply, TestApp};
 
+/// The reservation the gateways under this load give a fetched job (`visibility_timeout_ms`).
+/// A claim whose write timed out during an election but landed holds its job, with nobody
+/// working it, until this lapses (architecture §4, FETCH 4→6): well within the drain.
+pub const VISIBILITY_MS: u64 = 10_000;
+
 /// What the load saw: accepted jobs, claims, and every failed request.
 #[derive(Default)]
 pub struct Seen {
@@ -58,10 +63,14 @@ impl Seen {
     /// handed out twice, every failed request was a retryable 503 and none took
     /// `slowest_bound`.
     pub fn check(&self, slowest_bound: Duration) {
-        let lost: Vec<&String> = self.accepted.difference(&self.acked).collect();
+        let lost: Vec<(&String, Option<&Vec<u64>>)> = self
+            .accepted
+            .difference(&self.acked)
+            .map(|id| (id, self.claims.get(id)))
+            .collect();
         assert!(
             lost.is_empty(),
-            "{} of {} accepted jobs never ran: {lost:?}",
+            "{} of {} accepted jobs never ran (id, attempts handed out): {lost:?}",
             lost.len(),
             self.accepted.len()
         );

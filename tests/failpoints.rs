@@ -79,6 +79,19 @@ impl Pair {
         assert_eq!(code, Some(FAILPOINT_EXIT), "the failpoint was not reached");
     }
 
+    /// Sends `body` to `path` on the armed gateway, which must die at its point before
+    /// answering.
+    async fn dies_on(&mut self, path: &str, body: Value) {
+        no_answer(self.armed.try_post(path, body).await);
+        self.died().await;
+    }
+
+    /// DELETEs `path` on the armed gateway, which must die at its point before answering.
+    async fn dies_on_delete(&mut self, path: &str) {
+        no_answer(self.armed.try_delete(path).await);
+        self.died().await;
+    }
+
     /// Enqueues a job through the healthy gateway and claims it through the armed one.
     async fn claimed_by_armed(&self, job: Value) -> String {
         let id = self.healthy.enqueue(job).await;
@@ -156,8 +169,7 @@ async fn push_killed_after_its_message_runs_once_when_the_client_retries() {
         let id = uuid::Uuid::now_v7().to_string();
         let mut body = job();
         body["id"] = json!(id);
-        no_answer(p.armed.try_post("/ojs/v1/jobs", body.clone()).await);
-        p.died().await;
+        p.dies_on("/ojs/v1/jobs", body.clone()).await;
         p.healthy
             .get(&format!("/ojs/v1/jobs/{id}"))
             .await
@@ -168,42 +180,32 @@ async fn push_killed_after_its_message_runs_once_when_the_client_retries() {
     }
 }
 
+/// A FETCH through the armed gateway dies at `point`; the job then reads `state` and runs
+/// once, at `attempt`, through the other gateway within AckWait or the reservation.
+async fn fetch_dies_at(point: &str, state: &str, attempt: u64) {
+    for _ in 0..runs() {
+        let mut p = Pair::start(point, Leader::Healthy).await;
+        let id = p.healthy.enqueue(job()).await;
+        p.dies_on("/ojs/v1/workers/fetch", fetch_body("w1", 1000))
+            .await;
+        assert_eq!(p.healthy.job(&id).await["state"], state);
+        p.completes_once(&id, attempt, Duration::from_millis(HOLD_MS + 3000))
+            .await;
+    }
+}
+
 /// A claim died before its first NATS step: the message comes back after AckWait and the
 /// job is claimed at its first attempt.
 #[tokio::test]
 async fn fetch_killed_before_its_claim_hands_the_job_out_after_ack_wait() {
-    for _ in 0..runs() {
-        let mut p = Pair::start("fetch.claiming", Leader::Healthy).await;
-        let id = p.healthy.enqueue(job()).await;
-        no_answer(
-            p.armed
-                .try_post("/ojs/v1/workers/fetch", fetch_body("w1", 1000))
-                .await,
-        );
-        p.died().await;
-        assert_eq!(p.healthy.job(&id).await["state"], "available");
-        p.completes_once(&id, 1, Duration::from_millis(HOLD_MS + 3000))
-            .await;
-    }
+    fetch_dies_at("fetch.claiming", "available", 1).await;
 }
 
 /// A claim died after its write, before the worker heard of it: the job is active with
 /// nobody holding it until its reservation lapses, then runs at attempt 2.
 #[tokio::test]
 async fn fetch_killed_after_its_claim_lapses_and_runs_again() {
-    for _ in 0..runs() {
-        let mut p = Pair::start("fetch.claimed", Leader::Healthy).await;
-        let id = p.healthy.enqueue(job()).await;
-        no_answer(
-            p.armed
-                .try_post("/ojs/v1/workers/fetch", fetch_body("w1", 1000))
-                .await,
-        );
-        p.died().await;
-        assert_eq!(p.healthy.job(&id).await["state"], "active");
-        p.completes_once(&id, 2, Duration::from_millis(HOLD_MS + 3000))
-            .await;
-    }
+    fetch_dies_at("fetch.claimed", "active", 2).await;
 }
 
 /// An ACK died before its write: the job is still active; the worker's retry through the
@@ -213,15 +215,11 @@ async fn ack_killed_before_its_write_succeeds_when_retried() {
     for _ in 0..runs() {
         let mut p = Pair::start("transition.prepared", Leader::Healthy).await;
         let id = p.claimed_by_armed(job()).await;
-        no_answer(
-            p.armed
-                .try_post(
-                    "/ojs/v1/workers/ack",
-                    json!({"job_id": id, "worker_id": "w1"}),
-                )
-                .await,
-        );
-        p.died().await;
+        p.dies_on(
+            "/ojs/v1/workers/ack",
+            json!({"job_id": id, "worker_id": "w1"}),
+        )
+        .await;
         assert_eq!(p.healthy.job(&id).await["state"], "active");
         let r = p
             .healthy
@@ -240,15 +238,11 @@ async fn ack_killed_after_its_write_leaves_a_completed_job_and_no_redelivery() {
     for _ in 0..runs() {
         let mut p = Pair::start("transition.written", Leader::Healthy).await;
         let id = p.claimed_by_armed(job()).await;
-        no_answer(
-            p.armed
-                .try_post(
-                    "/ojs/v1/workers/ack",
-                    json!({"job_id": id, "worker_id": "w1"}),
-                )
-                .await,
-        );
-        p.died().await;
+        p.dies_on(
+            "/ojs/v1/workers/ack",
+            json!({"job_id": id, "worker_id": "w1"}),
+        )
+        .await;
         assert_eq!(p.healthy.job(&id).await["state"], "completed");
         let r = p
             .healthy
@@ -268,8 +262,7 @@ async fn fail_killed_before_its_write_retries_the_job_once() {
         let id = p.claimed_by_armed(job()).await;
         let fail = json!({"job_id": id, "worker_id": "w1",
             "error": {"code": "flaky", "message": "try again"}});
-        no_answer(p.armed.try_post("/ojs/v1/workers/fail", fail.clone()).await);
-        p.died().await;
+        p.dies_on("/ojs/v1/workers/fail", fail.clone()).await;
         assert_eq!(p.healthy.job(&id).await["state"], "active");
         let r = p.healthy.fail(fail).await;
         assert_eq!(r.status, 200, "{}", r.body);
@@ -285,8 +278,7 @@ async fn fail_killed_after_its_write_retries_the_job_once() {
         let id = p.claimed_by_armed(job()).await;
         let fail = json!({"job_id": id, "worker_id": "w1",
             "error": {"code": "flaky", "message": "try again"}});
-        no_answer(p.armed.try_post("/ojs/v1/workers/fail", fail).await);
-        p.died().await;
+        p.dies_on("/ojs/v1/workers/fail", fail).await;
         assert_eq!(p.healthy.job(&id).await["state"], "retryable");
         p.completes_once(&id, 2, Duration::from_secs(10)).await;
     }
@@ -298,8 +290,7 @@ async fn cancel_killed_after_its_write_leaves_a_cancelled_job() {
     for _ in 0..runs() {
         let mut p = Pair::start("transition.written", Leader::Healthy).await;
         let id = p.healthy.enqueue(job()).await;
-        no_answer(p.armed.try_delete(&format!("/ojs/v1/jobs/{id}")).await);
-        p.died().await;
+        p.dies_on_delete(&format!("/ojs/v1/jobs/{id}")).await;
         assert_eq!(p.healthy.job(&id).await["state"], "cancelled");
         p.nothing_more().await;
     }
@@ -366,12 +357,7 @@ async fn dead_letter_delete_killed_after_its_purge_leaves_the_job_gone() {
     for _ in 0..runs() {
         let mut p = Pair::start("dead_letter.purged", Leader::Healthy).await;
         let id = common::dead_letter_a_job(&p.healthy, "fp").await;
-        no_answer(
-            p.armed
-                .try_delete(&format!("/ojs/v1/dead-letter/{id}"))
-                .await,
-        );
-        p.died().await;
+        p.dies_on_delete(&format!("/ojs/v1/dead-letter/{id}")).await;
         p.healthy
             .get(&format!("/ojs/v1/jobs/{id}"))
             .await

@@ -1,4 +1,4 @@
-//! Long mixed load through two gateway processes (docs/performance.md §7): enqueues (some
+//! Long mixed load through two gateway processes (docs/performance.md §8): enqueues (some
 //! scheduled), fetches, ACKs, failed first attempts and their retries, and a cron entry
 //! every second, with retention short enough that finished jobs and old events are removed
 //! while it runs. After the warm-up, gateway RSS, the JetStream consumers, the stream sizes

@@ -600,11 +600,15 @@ pub async fn dead_letter_a_job(app: &TestApp, queue: &str) -> String {
     let id = app
         .enqueue(json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}))
         .await;
-    app.fetch(&[queue], "w").await;
+    let fetched = app.fetch(&[queue], "w").await;
     let r = app
         .nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}))
         .await;
-    assert_eq!(r.body["state"], "discarded");
+    assert_eq!(
+        r.body["state"], "discarded",
+        "NACK of {id} answered {} {}; the FETCH before it got {fetched:?}",
+        r.status, r.body
+    );
     id
 }
 

@@ -8,7 +8,7 @@ use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::error::backend;
+use super::error::{backend, lost_race};
 use super::mirror::Mirror;
 use super::topology::encode_queue;
 use super::Store;
@@ -251,13 +251,13 @@ impl Store {
                 .cron_kv
                 .update(key, value, rev)
                 .await
-                .map_err(|e| e.kind() == kv::UpdateErrorKind::WrongLastRevision),
+                .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
             None => self
                 .inner
                 .cron_kv
                 .create(key, value)
                 .await
-                .map_err(|e| e.kind() == kv::CreateErrorKind::AlreadyExists),
+                .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
         };
         match written {
             Ok(rev) => {

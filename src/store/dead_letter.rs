@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::backend;
+use super::error::{backend, lost_race};
 use super::records::{changing_too_fast, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
@@ -214,7 +214,7 @@ impl Store {
                     self.drop_dead_letter_entry(entry).await;
                     return Ok(());
                 }
-                Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+                Err(err) if lost_race(&err, kv::UpdateErrorKind::WrongLastRevision) => {}
                 Err(err) => return Err(backend("deleting a dead-letter job")(err)),
             }
         }

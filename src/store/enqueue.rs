@@ -8,7 +8,7 @@ use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
 
-use super::error::{all_stored, nats_failed};
+use super::error::{all_stored, lost_race, nats_failed};
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -47,7 +47,7 @@ impl Store {
                 err.message = format!("The job at index {index}: {}", err.message);
                 return Err(err);
             }
-            encoded.push(bytes);
+            encoded.push(bytes::Bytes::from(bytes));
         }
 
         // Every job's lane, scheduled ones too: creating a queue's stream when its first
@@ -109,15 +109,28 @@ impl Store {
 
         let creates = records
             .iter()
-            .zip(encoded)
-            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.into()));
-        let results = join_all(creates).await;
+            .zip(&encoded)
+            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.clone()));
+        let mut results: Vec<Result<Created, kv::CreateError>> = join_all(creates)
+            .await
+            .into_iter()
+            .map(|r| r.map(Created::At))
+            .collect();
+        for ((rec, bytes), result) in records.iter().zip(&encoded).zip(&mut results) {
+            if let Err(err) = result {
+                if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
+                    if let Some(created) = self.created_anyway(rec, bytes).await {
+                        *result = Ok(created);
+                    }
+                }
+            }
+        }
         if let Some((index, err)) = results
             .iter()
             .enumerate()
             .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
         {
-            let error = if err.kind() == kv::CreateErrorKind::AlreadyExists {
+            let error = if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
                 let id = &records[index].job.id;
                 OjsError::new(
                     ErrorCode::Duplicate,
@@ -146,13 +159,31 @@ impl Store {
         // Only the batch's last jobs can stay remembered; cloning the others would be wasted.
         let forgotten = records.len().saturating_sub(self.inner.recent.capacity());
         for (rec, result) in records.iter().zip(&results).skip(forgotten) {
-            if let (JobState::Available, Ok(revision)) = (rec.job.state, result) {
+            if let (JobState::Available, Ok(Created::At(revision))) = (rec.job.state, result) {
                 self.inner
                     .recent
                     .remember(&rec.job.id, rec.clone(), *revision);
             }
         }
         Ok(records.into_iter().map(|r| r.job).collect())
+    }
+
+    /// Whether a create that found its key taken was taken by this very create: its first
+    /// answer was lost (a stream leader change under a write that landed) and async-nats,
+    /// reading the key before giving up, found the record — untouched, or already claimed
+    /// through the queue message published before it. A job of another PUSH differs in its
+    /// creation time.
+    async fn created_anyway(&self, rec: &JobRecord, bytes: &bytes::Bytes) -> Option<Created> {
+        let entry = self.inner.jobs.entry(&rec.job.id).await.ok()??;
+        if entry.operation != kv::Operation::Put {
+            return None;
+        }
+        if entry.value == bytes {
+            return Some(Created::At(entry.revision));
+        }
+        let stored: JobRecord = serde_json::from_slice(&entry.value).ok()?;
+        (stored.job.created_at.timestamp_millis() == rec.job.created_at.timestamp_millis())
+            .then_some(Created::Changed)
     }
 
     /// Removes the records a failed batch did create, each only at the revision its create
@@ -162,12 +193,19 @@ impl Store {
     async fn roll_back(
         &self,
         records: &[JobRecord],
-        results: &[Result<u64, kv::CreateError>],
+        results: &[Result<Created, kv::CreateError>],
     ) -> Vec<String> {
         let mut kept = Vec::new();
         for (rec, result) in records.iter().zip(results) {
-            let Ok(revision) = result else { continue };
             let id = &rec.job.id;
+            let revision = match result {
+                Ok(Created::At(revision)) => revision,
+                Ok(Created::Changed) => {
+                    kept.push(id.clone());
+                    continue;
+                }
+                Err(_) => continue,
+            };
             let mut removed = false;
             for _ in 0..3 {
                 let err = match self
@@ -200,4 +238,11 @@ impl Store {
         }
         kept
     }
+}
+
+/// A record this PUSH created: still at the revision its create wrote, or already changed
+/// (claimed) when a lost answer made the create look refused (`created_anyway`).
+enum Created {
+    At(u64),
+    Changed,
 }

@@ -42,6 +42,22 @@ pub fn consumer_missing(err: &async_nats::jetstream::stream::ConsumerError) -> b
     matches!(err.kind(), ConsumerErrorKind::JetStream(e) if e.error_code() == JsCode::CONSUMER_NOT_FOUND)
 }
 
+/// Whether a compare-and-set write (update or create) did not land because another write of
+/// the key won: the wrong revision async-nats names (`lost`), or — on a clustered stream of
+/// nats-server 2.10+ — a refusal because another write of the same key is still being
+/// proposed (JetStream error 10164), which async-nats reports only as "other". Either way
+/// nothing was written and a fresh read decides.
+pub fn lost_race<K>(err: &async_nats::error::Error<K>, lost: K) -> bool
+where
+    K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq,
+{
+    use async_nats::jetstream::{Error as JsError, ErrorCode as JsCode};
+    let in_flight = std::iter::successors(std::error::Error::source(err), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<JsError>())
+        .any(|e| e.error_code() == JsCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT);
+    err.kind() == lost || in_flight
+}
+
 /// What async-nats says, at any level of the error chain, when nobody answered. It spreads
 /// these over a dozen error kinds (publish, request, KV entry, stream info…) and nests them
 /// (a KV create wraps the read that failed), so their texts are the common ground.
@@ -94,5 +110,33 @@ mod tests {
             nats_failed("writing", PublishError::new(PublishErrorKind::TimedOut)).message,
             "NATS failed while writing."
         );
+    }
+
+    #[test]
+    fn a_write_refused_for_another_in_flight_lost_a_race() {
+        use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
+        let refusal = |code: u64| {
+            let said: async_nats::jetstream::Error = serde_json::from_str(&format!(
+                r#"{{"code":400,"err_code":{code},"description":"wrong last sequence"}}"#
+            ))
+            .unwrap();
+            UpdateError::from(PublishError::with_source(PublishErrorKind::Other, said))
+        };
+        assert!(lost_race(
+            &refusal(10164),
+            UpdateErrorKind::WrongLastRevision
+        ));
+        assert!(!lost_race(
+            &refusal(10077),
+            UpdateErrorKind::WrongLastRevision
+        ));
+        let wrong_revision =
+            UpdateError::from(PublishError::new(PublishErrorKind::WrongLastSequence));
+        assert!(lost_race(
+            &wrong_revision,
+            UpdateErrorKind::WrongLastRevision
+        ));
+        let timed_out = UpdateError::from(PublishError::new(PublishErrorKind::TimedOut));
+        assert!(!lost_race(&timed_out, UpdateErrorKind::WrongLastRevision));
     }
 }

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::backend;
+use super::error::{backend, lost_race};
 use super::mirror::Mirror;
 use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
@@ -216,12 +216,12 @@ impl QueueRegistry {
                     .kv
                     .update(&key, value, e.revision)
                     .await
-                    .map_err(|e| e.kind() == kv::UpdateErrorKind::WrongLastRevision),
+                    .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
                 _ => reg
                     .kv
                     .create(&key, value)
                     .await
-                    .map_err(|e| e.kind() == kv::CreateErrorKind::AlreadyExists),
+                    .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
             };
             match written {
                 Ok(revision) => {

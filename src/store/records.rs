@@ -9,7 +9,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::{backend, nats_failed};
+use super::error::{backend, lost_race, nats_failed};
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -164,7 +164,7 @@ impl Store {
         }
         match self.inner.jobs.update(id, bytes.into(), revision).await {
             Ok(rev) => Ok(Some(rev)),
-            Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(err) if lost_race(&err, kv::UpdateErrorKind::WrongLastRevision) => Ok(None),
             Err(err) => Err(nats_failed("writing a job", err)),
         }
     }

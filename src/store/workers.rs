@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::warn;
 
-use super::error::backend;
+use super::error::{backend, lost_race};
 use super::timers::{Timer, TimerKind};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -263,13 +263,13 @@ impl Store {
                     .workers
                     .update(&key, value, rev)
                     .await
-                    .map_err(|e| e.kind() == kv::UpdateErrorKind::WrongLastRevision),
+                    .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
                 None => self
                     .inner
                     .workers
                     .create(&key, value)
                     .await
-                    .map_err(|e| e.kind() == kv::CreateErrorKind::AlreadyExists),
+                    .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
             };
             match written {
                 Ok(_) => return Ok(Some(next)),

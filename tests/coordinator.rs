@@ -409,3 +409,81 @@ async fn a_leader_frozen_past_its_lease_loses_no_event() {
     })
     .await;
 }
+
+/// A failover with a job written more often than the bucket keeps (`job_history = 2`):
+/// while no publisher runs, the job is enqueued, claimed, beaten four times and completed,
+/// so the bucket drops its first five writes before the new leader's publisher reads on.
+/// Every one of its events arrives anyway, in order, from the trail the later writes carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_behind_more_writes_than_the_bucket_keeps_loses_no_event() {
+    let _serial = SERIAL.lock().await;
+    let nats = NatsServer::start();
+    let leader = GatewayProcess::start(&nats.url, &[("OJS_JOB_HISTORY", "2")]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let app = common::spawn_app_with(ojs_jetstream::config::Config {
+        job_history: 2,
+        ..common::test_config(&nats.url)
+    })
+    .await;
+    let events_of = |id: String| {
+        let app = &app;
+        async move {
+            let r = app.get("/ojs/v1/events?limit=100").await;
+            let types: Vec<String> = r.body["events"]
+                .as_array()?
+                .iter()
+                .filter(|e| e["subject"] == id.as_str())
+                .map(|e| e["type"].as_str().unwrap().to_owned())
+                .collect();
+            Some(types)
+        }
+    };
+    let warm = app.enqueue(job_on("warm")).await;
+    eventually(Duration::from_secs(5), "the leader publishing", || {
+        let f = events_of(warm.clone());
+        async move { f.await.filter(|t| !t.is_empty()) }
+    })
+    .await;
+
+    leader.pause();
+    let id = app.enqueue(job_on("behind")).await;
+    let jobs = app.fetch(&["behind"], "w").await;
+    assert_eq!(jobs[0]["id"], id.as_str());
+    for _ in 0..4 {
+        let r = app
+            .post(
+                "/ojs/v1/workers/heartbeat",
+                json!({"worker_id": "w", "active_jobs": [id]}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(app.ack(json!({"job_id": id})).await.status, 200);
+
+    let expected = [
+        "job.enqueued",
+        "job.started",
+        "job.heartbeat",
+        "job.heartbeat",
+        "job.heartbeat",
+        "job.heartbeat",
+        "job.completed",
+    ];
+    let got = eventually(Duration::from_secs(10), "the job's events", || {
+        let f = events_of(id.clone());
+        async move { f.await.filter(|t| t.len() >= expected.len()) }
+    })
+    .await;
+    assert_eq!(got, expected);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("ojs_events_recovered_total 5"),
+        "five events came from the trail: {}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("ojs_events"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    leader.resume();
+}

@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
-use crate::domain::event::{job_events, Event};
+use super::unseen_writes::UnseenWrites;
+use crate::domain::event::{job_events, step_events, Event};
 use crate::store::{JobWrite, Store};
 use crate::telemetry::metrics::Metrics;
 
@@ -37,6 +38,7 @@ impl EventPublisher {
     }
 
     pub async fn run(self, cancel: CancellationToken) {
+        let mut unseen = UnseenWrites::default();
         while !cancel.is_cancelled() {
             let mut writes = match self.store.job_writes(self.term).await {
                 Ok(w) => w,
@@ -48,6 +50,7 @@ impl EventPublisher {
                     }
                 }
             };
+            unseen.begins_after(writes.starts_after);
             let mut watch = DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout());
             // The last write of every batch not yet acknowledged, oldest first.
             let mut unacked: VecDeque<JobWrite> = VecDeque::new();
@@ -61,7 +64,7 @@ impl EventPublisher {
                     batch = writes.next_batch() => {
                         let Some(batch) = batch else { break };
                         self.store.failpoint("events.pulled").await;
-                        if !self.publish(&batch, &cancel).await {
+                        if !self.publish(&batch, &mut unseen, &cancel).await {
                             return;
                         }
                         let now = Utc::now();
@@ -101,6 +104,7 @@ impl EventPublisher {
                 }
                 if let Some(w) = through {
                     w.done_through().await;
+                    self.store.announce_handled(w.revision).await;
                 }
             }
         }
@@ -108,18 +112,40 @@ impl EventPublisher {
 
     /// Publishes the batch's events until they are stored; `false` when cancelled first.
     /// The same batch again until it is stored: later writes wait, so each job's events keep
-    /// their order.
-    async fn publish(&self, batch: &[JobWrite], cancel: &CancellationToken) -> bool {
+    /// their order. Before a write's own events come those of the earlier writes of its job
+    /// that this publisher never saw, from the write's trail.
+    async fn publish(
+        &self,
+        batch: &[JobWrite],
+        unseen: &mut UnseenWrites,
+        cancel: &CancellationToken,
+    ) -> bool {
         let source = self.store.event_source();
         let mut events: Vec<Event> = Vec::new();
         for w in batch {
+            unseen.delivered(w.revision);
             if w.unreadable {
                 self.skip(w, "its record does not read as a job");
                 continue;
             }
             let Some(rec) = &w.record else { continue };
-            match catch_unwind(AssertUnwindSafe(|| job_events(rec, w.revision, source))) {
-                Ok(derived) => events.extend(derived),
+            let derived = catch_unwind(AssertUnwindSafe(|| {
+                let recovered: Vec<Event> = rec
+                    .trail
+                    .iter()
+                    .filter(|step| unseen.take(step.revision))
+                    .flat_map(|step| step_events(rec, step, source))
+                    .collect();
+                (recovered, job_events(rec, w.revision, source))
+            }));
+            match derived {
+                Ok((recovered, own)) => {
+                    if !recovered.is_empty() {
+                        self.metrics.events_recovered(recovered.len());
+                    }
+                    events.extend(recovered);
+                    events.extend(own);
+                }
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
         }

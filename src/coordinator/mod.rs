@@ -7,6 +7,7 @@ mod deadline_watch;
 mod event_publisher;
 mod pruner;
 mod timer_scheduler;
+mod unseen_writes;
 
 use std::collections::HashMap;
 use std::future::Future;

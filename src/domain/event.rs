@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::job::{stable_uuid, JobError, JobRecord, Transition};
+use super::job::{stable_uuid, Job, JobError, JobRecord, Transition};
 use super::state::JobState;
 use super::time;
+use super::trail::Step;
 
 /// Events seed §2.1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,12 +37,19 @@ impl Event {
 /// The events implied by one write of a job record, in lifecycle order. `revision` is the
 /// record's position in the jobs bucket; together with the job id it fixes the event ids.
 pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
+    step_events(rec, &Step::of(rec, revision), source)
+}
+
+/// The events of the write `step` of the job whose latest known record is `rec`: the write
+/// of `rec` itself, or an earlier one from its trail (`trail.rs`). Either way the same
+/// events with the same ids.
+pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
     let job = &rec.job;
     let mut base = Map::new();
     base.insert("job_id".into(), json!(job.id));
     base.insert("job_type".into(), json!(job.job_type));
     base.insert("queue".into(), json!(job.queue));
-    base.insert("state".into(), json!(job.state));
+    base.insert("state".into(), json!(step.state));
     let with = |extra: Value| {
         let mut data = base.clone();
         if let Value::Object(m) = extra {
@@ -49,106 +57,82 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
         }
         Value::Object(data)
     };
-    let last_error = job.error.as_ref();
-    let (at, items): (Option<DateTime<Utc>>, Vec<(&str, Value)>) = match rec.transition {
-        Transition::Created if job.state == JobState::Scheduled => (
-            Some(job.created_at),
-            vec![(
-                "job.scheduled",
-                with(json!({"scheduled_at": job.scheduled_at})),
-            )],
-        ),
-        Transition::Created if job.state == JobState::Pending => (Some(job.created_at), vec![]),
+    let at = step.at;
+    let items: Vec<(&str, Value)> = match step.transition {
+        Transition::Created if step.state == JobState::Scheduled => vec![(
+            "job.scheduled",
+            with(json!({"scheduled_at": job.scheduled_at})),
+        )],
+        Transition::Created if step.state == JobState::Pending => vec![],
         Transition::Created
         | Transition::Activated
         | Transition::Requeued
         | Transition::Promoted
-        | Transition::Retried => (
-            job.enqueued_at,
-            vec![("job.enqueued", with(enqueued_data(rec)))],
-        ),
-        Transition::Started => (
-            job.started_at,
-            vec![(
-                "job.started",
-                with(json!({"worker_id": job.worker_id, "attempt": job.attempt})),
-            )],
-        ),
+        | Transition::Retried => vec![("job.enqueued", with(enqueued_data(rec)))],
+        Transition::Started => vec![(
+            "job.started",
+            with(json!({"worker_id": step.worker_id, "attempt": step.attempt})),
+        )],
         Transition::Completed => {
-            let duration_ms = match (job.started_at, job.completed_at) {
-                (Some(s), Some(c)) => (c - s).num_milliseconds().max(0),
-                _ => 0,
-            };
-            let mut data = json!({"attempt": job.attempt, "duration_ms": duration_ms});
+            let duration_ms = job
+                .started_at
+                .map_or(0, |s| (at - s).num_milliseconds().max(0));
+            let mut data = json!({"attempt": step.attempt, "duration_ms": duration_ms});
             if let Some(result) = &job.result {
                 data["result"] = result.clone();
             }
-            (job.completed_at, vec![("job.completed", with(data))])
+            vec![("job.completed", with(data))]
         }
         Transition::Failed => {
+            let error = error_data(error_of(job, step.attempt));
             let failed = (
                 "job.failed",
-                with(json!({"attempt": job.attempt, "error": error_data(last_error)})),
+                with(json!({"attempt": step.attempt, "error": error})),
             );
-            let follow = if job.state == JobState::Retryable {
+            let follow = if step.state == JobState::Retryable {
                 (
                     "job.retrying",
                     with(json!({
-                        "attempt": job.attempt,
+                        "attempt": step.attempt,
                         "max_attempts": job.max_attempts,
-                        "next_retry_at": job.next_attempt_at.map(time::format),
-                        "error": error_data(last_error),
+                        "next_retry_at": step.until.map(time::format),
+                        "error": error,
                     })),
                 )
             } else {
                 (
                     "job.discarded",
-                    with(
-                        json!({"total_attempts": job.attempt, "last_error": error_data(last_error)}),
-                    ),
+                    with(json!({"total_attempts": step.attempt, "last_error": error})),
                 )
             };
-            (last_error.map(|e| e.occurred_at), vec![failed, follow])
+            vec![failed, follow]
         }
-        Transition::Cancelled => (
-            job.cancelled_at,
-            vec![("job.cancelled", with(json!({"cancelled_by": "api"})))],
-        ),
-        Transition::Heartbeat => {
-            let holder = rec.holder.as_ref();
-            (
-                holder.and_then(|h| h.last_beat),
-                vec![(
-                    "job.heartbeat",
-                    with(json!({
-                        "worker_id": holder.and_then(|h| h.worker_id.clone()),
-                        "attempt": job.attempt,
-                        "visible_until": holder.map(|h| time::format(h.visible_until)),
-                    })),
-                )],
-            )
-        }
+        Transition::Cancelled => vec![("job.cancelled", with(json!({"cancelled_by": "api"})))],
+        Transition::Heartbeat => vec![(
+            "job.heartbeat",
+            with(json!({
+                "worker_id": step.worker_id,
+                "attempt": step.attempt,
+                "visible_until": step.until.map(time::format),
+            })),
+        )],
         Transition::Expired => {
             let ttl_ms = job
                 .expires_at
                 .as_deref()
                 .and_then(time::parse)
-                .map(|at| (at - job.created_at).num_milliseconds().max(0));
-            (
-                job.discarded_at,
-                vec![(
-                    "job.expired",
-                    with(json!({
-                        "created_at": time::format(job.created_at),
-                        "expired_at": job.discarded_at.map(time::format),
-                        "ttl_ms": ttl_ms,
-                    })),
-                )],
-            )
+                .map(|expires| (expires - job.created_at).num_milliseconds().max(0));
+            vec![(
+                "job.expired",
+                with(json!({
+                    "created_at": time::format(job.created_at),
+                    "expired_at": time::format(at),
+                    "ttl_ms": ttl_ms,
+                })),
+            )]
         }
-        Transition::Redelivered => (None, vec![]),
+        Transition::Redelivered => vec![],
     };
-    let at = at.unwrap_or(job.created_at);
     items
         .into_iter()
         .enumerate()
@@ -156,7 +140,7 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
             specversion: "1.0".into(),
             id: format!(
                 "evt_{}",
-                stable_uuid(&format!("{}/{revision}/{i}", job.id), at)
+                stable_uuid(&format!("{}/{}/{i}", job.id, step.revision), at)
             ),
             event_type: event_type.into(),
             source: source.into(),
@@ -166,6 +150,15 @@ pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
             data,
         })
         .collect()
+}
+
+/// The error reported at `attempt`: the latest, else the history's entry (which keeps at
+/// least the last ten).
+fn error_of(job: &Job, attempt: u32) -> Option<&JobError> {
+    job.error
+        .as_ref()
+        .filter(|e| e.attempt == attempt)
+        .or_else(|| job.errors.iter().rev().find(|e| e.attempt == attempt))
 }
 
 fn enqueued_data(rec: &JobRecord) -> Value {
@@ -251,6 +244,54 @@ mod tests {
         assert_eq!(events[0].event_type, "job.completed");
         assert_eq!(events[0].data["duration_ms"], 250);
         assert_eq!(events[0].data["attempt"], 1);
+    }
+
+    #[test]
+    fn a_write_derived_later_from_a_trail_gives_the_same_events() {
+        let t0 = time::parse("2026-02-12T10:30:00Z").unwrap();
+        let at = |ms: i64| t0 + chrono::Duration::milliseconds(ms);
+        let failure = lifecycle::Failure {
+            code: "e".into(),
+            message: "first".into(),
+            retryable: true,
+            ..Default::default()
+        };
+        let visibility = Duration::from_secs(9);
+        let mut life = vec![created()];
+        let last = |life: &Vec<JobRecord>| life.last().unwrap().clone();
+        life.push(
+            lifecycle::claim(&last(&life), at(10), Some("w1"), &delivery(), visibility).unwrap(),
+        );
+        life.push(lifecycle::heartbeat(&last(&life), at(20), "w1", visibility).unwrap());
+        life.push(lifecycle::fail(&last(&life), at(30), None, &failure, false, 1.0).unwrap());
+        let due = last(&life).job.next_attempt_at.unwrap();
+        life.push(lifecycle::promote(&last(&life), due, last(&life).dispatch).unwrap());
+        life.push(
+            lifecycle::claim(&last(&life), due, Some("w2"), &delivery(), visibility).unwrap(),
+        );
+        let failure = lifecycle::Failure {
+            message: "second".into(),
+            retryable: false,
+            ..failure
+        };
+        life.push(lifecycle::fail(&last(&life), due, None, &failure, false, 1.0).unwrap());
+        life.push(lifecycle::retry_discarded(&last(&life), due).unwrap());
+        life.push(
+            lifecycle::claim(&last(&life), due, Some("w3"), &delivery(), visibility).unwrap(),
+        );
+        life.push(lifecycle::complete(&last(&life), due, None, None).unwrap());
+
+        let latest = last(&life);
+        for (revision, rec) in life.iter().enumerate() {
+            let revision = revision as u64 + 1;
+            let step = crate::domain::trail::Step::of(rec, revision);
+            assert_eq!(
+                step_events(&latest, &step, "s"),
+                job_events(rec, revision, "s"),
+                "{:?} at {revision}",
+                rec.transition
+            );
+        }
     }
 
     #[test]

@@ -26,5 +26,6 @@ pub fn record(options: Value) -> JobRecord {
         holder: None,
         transition: Transition::Created,
         dead_letter: None,
+        trail: Vec::new(),
     }
 }

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
+use super::trail::Step;
 
 /// The envelope version this server writes (core §5.1).
 pub const SPEC_VERSION: &str = "1.0.0-rc.1";
@@ -183,6 +184,9 @@ pub struct JobRecord {
     /// Stream sequence of this job's dead-letter entry, while it is in the dead letter queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<u64>,
+    /// Earlier writes of this job the event publisher may not have handled yet (`trail.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trail: Vec<Step>,
 }
 
 impl JobRecord {

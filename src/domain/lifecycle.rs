@@ -20,9 +20,10 @@ pub const MAX_ERROR_BYTES: usize = 16 * 1024;
 /// it, forty retries with 25 KB backtraces would push the record past what NATS stores.
 pub const MAX_ERROR_HISTORY_BYTES: usize = 32 * 1024;
 /// What a job's record may grow by after PUSH without a client sending more: its latest
-/// error, the error history, the holder and timestamps. PUSH keeps this much room below the
+/// error, the error history, the trail, the holder and timestamps. PUSH keeps this much room below the
 /// record limit, so no transition the server makes on its own can be refused for size.
-pub const RECORD_HEADROOM: usize = MAX_ERROR_BYTES + MAX_ERROR_HISTORY_BYTES + 4096;
+pub const RECORD_HEADROOM: usize =
+    MAX_ERROR_BYTES + MAX_ERROR_HISTORY_BYTES + super::trail::MAX_TRAIL_BYTES + 4096;
 
 /// A worker's failure report (core §8; HTTP binding §10.3).
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -20,4 +20,5 @@ pub mod retention;
 pub mod retry;
 pub mod state;
 pub mod time;
+pub mod trail;
 pub mod worker;

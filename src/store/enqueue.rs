@@ -35,6 +35,7 @@ impl Store {
                 holder: None,
                 transition: Transition::Created,
                 dead_letter: None,
+                trail: Vec::new(),
                 job,
             })
             .collect();

@@ -170,6 +170,9 @@ pub struct JobWrites {
             >,
         >,
     >,
+    /// The feed delivers the writes after this revision (the acknowledged floor when it
+    /// opened); what came before, this publisher never saw.
+    pub starts_after: u64,
 }
 
 /// One write of a job record: the job id, the record (absent for deletions) and its
@@ -192,11 +195,15 @@ impl Store {
     pub async fn job_writes(&self, term: u64) -> Result<JobWrites, OjsError> {
         let stream = &self.inner.jobs.stream;
         let name = self.inner.topology.event_publisher_consumer(term);
-        let consumer: PullConsumer = match stream.consumer_info(&name).await {
-            Ok(_) => stream
-                .get_consumer(&name)
-                .await
-                .map_err(backend("opening the job-write feed"))?,
+        let (consumer, starts_after): (PullConsumer, u64) = match stream.consumer_info(&name).await
+        {
+            Ok(info) => (
+                stream
+                    .get_consumer(&name)
+                    .await
+                    .map_err(backend("opening the job-write feed"))?,
+                info.ack_floor.stream_sequence,
+            ),
             Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
                 self.take_over_job_writes(term).await?
             }
@@ -208,16 +215,17 @@ impl Store {
             .map_err(backend("reading the job-write feed"))?;
         Ok(JobWrites {
             messages: messages.ready_chunks(BATCH).boxed(),
+            starts_after,
         })
     }
 
     /// Creates the consumer of leadership `term`, starting after the last write the latest
-    /// earlier leadership acknowledged, then deletes the earlier leaderships' consumers: a
+    /// earlier leadership acknowledged (returned with it), then deletes the earlier leaderships' consumers: a
     /// replica still acting as leader after losing the lease (a long pause) can then no
     /// longer read on, nor acknowledge writes this leadership has not handled (architecture
     /// §3.4). What that replica acknowledges between the floor read here and the delete is
     /// read again here: events twice (dropped as duplicates), never none.
-    async fn take_over_job_writes(&self, term: u64) -> Result<PullConsumer, OjsError> {
+    async fn take_over_job_writes(&self, term: u64) -> Result<(PullConsumer, u64), OjsError> {
         let stream = &self.inner.jobs.stream;
         let mut earlier = Vec::new();
         let mut names = stream.consumer_names();
@@ -253,7 +261,7 @@ impl Store {
                 warn!(consumer = %name, error = %err, "could not delete an earlier leadership's job-write feed");
             }
         }
-        Ok(consumer)
+        Ok((consumer, floor))
     }
 }
 

@@ -314,7 +314,7 @@ impl Store {
             }
             self.prepare(&rec, &mut next).await?;
             // No deadline timer here: the leader watches the job from this write (§3.6).
-            let Some(written) = self.write(&d.id, &next, revision).await? else {
+            let Some(written) = self.write(&d.id, &rec, &mut next, revision).await? else {
                 continue;
             };
             self.failpoint("fetch.claimed").await;

@@ -7,6 +7,7 @@ mod enqueue;
 mod error;
 mod events;
 mod fetch;
+mod handled;
 mod lease;
 mod mirror;
 mod pruner;
@@ -79,6 +80,8 @@ struct Inner {
     queues: QueueRegistry,
     /// Records this gateway wrote last: the first guess of a compare-and-set.
     recent: recent::RecentRecords,
+    /// How far the event publisher has handled job writes, for the trails of new writes.
+    handled: handled::HandledWrites,
     /// The events stream, for queries.
     events: jetstream::stream::Stream,
     /// The dead-letter stream, for listings.
@@ -168,6 +171,8 @@ impl Store {
         let cron_kv =
             ensure_bucket(&js, &topology, &topology.cron_bucket(), 1, Duration::ZERO).await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
+        let handled =
+            handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
         let leases = ensure_bucket(
             &js,
             &topology,
@@ -214,6 +219,7 @@ impl Store {
                 cron,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),
+                handled,
                 events,
                 dead_letter,
                 source: format!("ojs://{}/api", cfg.service_name),

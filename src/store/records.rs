@@ -18,6 +18,7 @@ use crate::domain::job::{Job, JobRecord, Transition};
 use crate::domain::lifecycle;
 use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
+use crate::domain::trail;
 
 /// Compare-and-set attempts before an operation gives up under contention.
 pub(super) const MAX_CAS_ATTEMPTS: usize = 16;
@@ -145,13 +146,17 @@ impl Store {
         Ok(Lookup::Found(Box::new(rec), entry.revision))
     }
 
-    /// Writes `rec` if the record is still at `revision`. `None` when another writer won.
+    /// Writes `rec` in place of `before` if the record is still at `revision`, with the
+    /// trail of the writes before it whose events may not be stored yet. `None` when
+    /// another writer won.
     pub(super) async fn write(
         &self,
         id: &str,
-        rec: &JobRecord,
+        before: &JobRecord,
+        rec: &mut JobRecord,
         revision: u64,
     ) -> Result<Option<u64>, OjsError> {
+        rec.trail = trail::carry(before, revision, self.inner.handled.through());
         let bytes = rec.to_bytes();
         if bytes.len() > self.inner.max_record_bytes {
             let mut err = too_large("job", bytes.len(), self.inner.max_record_bytes);

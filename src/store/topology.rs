@@ -139,6 +139,12 @@ impl Topology {
         format!("{}.control.reset", self.namespace)
     }
 
+    /// Core NATS subject on which the leader announces how far its event publisher has
+    /// handled job writes (`store/handled.rs`).
+    pub fn events_handled_subject(&self) -> String {
+        format!("{}.control.events-handled", self.namespace)
+    }
+
     /// The durable consumer through which the leadership of `term` turns job-record writes
     /// into events: one per leadership, so a replica that leads no longer cannot acknowledge
     /// writes for the one that does (architecture §3.4).

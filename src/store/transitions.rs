@@ -108,7 +108,7 @@ impl Store {
             };
             self.prepare(&before, &mut after).await?;
             self.failpoint("transition.prepared").await;
-            if let Some(written) = self.write(id, &after, revision).await? {
+            if let Some(written) = self.write(id, &before, &mut after, revision).await? {
                 self.failpoint("transition.written").await;
                 if after.job.state == JobState::Active {
                     self.inner.recent.remember(id, after.clone(), written);

@@ -18,6 +18,9 @@ pub struct Metrics {
     leader_service_failures: IntCounterVec,
     /// Job-record writes the event publisher could not read or derive events from.
     job_writes_skipped: IntCounter,
+    /// Events derived from a later write's trail because the publisher never saw their own
+    /// write (the bucket's history had dropped it).
+    events_recovered: IntCounter,
     /// Timers the leader holds in memory (due within its horizon).
     timers_held: IntGauge,
     /// Timers handed back to JetStream with a NAK delay (due beyond the horizon).
@@ -61,6 +64,11 @@ impl Metrics {
             "Job-record writes the event publisher skipped because it could not process them",
         )
         .expect("valid metric");
+        let events_recovered = IntCounter::new(
+            "ojs_events_recovered_total",
+            "Events published from a later write's trail because this leadership's publisher never saw their own write (dropped from the bucket's history, or from before it began: those are usually duplicates the events stream drops)",
+        )
+        .expect("valid metric");
         let timers_held = IntGauge::new(
             "ojs_timers_held",
             "Timers this replica's scheduler holds in memory, due within its horizon",
@@ -81,6 +89,7 @@ impl Metrics {
             Box::new(durations.clone()),
             Box::new(leader_service_failures.clone()),
             Box::new(job_writes_skipped.clone()),
+            Box::new(events_recovered.clone()),
             Box::new(timers_held.clone()),
             Box::new(timers_handed_back.clone()),
             Box::new(pullers_open.clone()),
@@ -93,6 +102,7 @@ impl Metrics {
             durations,
             leader_service_failures,
             job_writes_skipped,
+            events_recovered,
             timers_held,
             timers_handed_back,
             pullers_open,
@@ -121,6 +131,10 @@ impl Metrics {
 
     pub fn job_write_skipped(&self) {
         self.job_writes_skipped.inc();
+    }
+
+    pub fn events_recovered(&self, count: usize) {
+        self.events_recovered.inc_by(count as u64);
     }
 
     pub fn observe_request(&self, method: &str, route: &str, status: u16, elapsed: Duration) {

@@ -1,6 +1,7 @@
-//! A three-node NATS cluster with every stream at three replicas, two gateways given all
-//! three nodes as one comma-separated `nats_url`, steady load, and nodes killed with
-//! SIGKILL: the stream leader of the jobs bucket, then of the busiest queue.
+//! A three-node NATS cluster with every stream at three replicas under steady load through
+//! two gateways: nodes killed with SIGKILL (the stream leader of the jobs bucket, then of
+//! the busiest queue), and a node cut off from the other two with a gateway that only
+//! reaches it.
 
 mod common;
 
@@ -71,7 +72,68 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
         load::work(&workers, &seen, &stop_working),
     );
 
+    load::describe_unfinished(&seen, &a).await;
     let seen = seen.lock().unwrap();
     seen.report(&kills, Duration::from_secs(8));
+    seen.check(Duration::from_secs(12));
+}
+
+/// A network partition: node n1 is cut off from n2 and n3 for 8 s while gateway `a` can
+/// reach only n1 and gateway `b` only the other two. Whatever `a` answers meanwhile is a
+/// retryable 503 in time, `b` goes on serving (it takes the lead if `a` had it), and once
+/// the partition heals nothing accepted is lost or was run twice at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cut_off_with_a_minority_node_fails_only_retryably_and_loses_nothing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
+    let mut cluster = NatsCluster::start().await;
+    if common::nats_version(&cluster.url()).await < (2, 10) {
+        println!("skipped: a cluster of nats-server 2.9 cannot keep claims exclusive");
+        return;
+    }
+    let config = |nats_url: String| Config {
+        nats_url,
+        replicas: 3,
+        visibility_timeout_ms: load::VISIBILITY_MS,
+        ..test_config("")
+    };
+    let minority = cluster.node("n1").url.clone();
+    let majority = format!(
+        "{},{}",
+        cluster.node("n2").url.clone(),
+        cluster.node("n3").url.clone()
+    );
+    let a = spawn_app_with(config(minority)).await;
+    let b = spawn_app_with(config(majority)).await;
+    let seen = Mutex::new(Seen::default());
+    let stop_producing = AtomicBool::new(false);
+    let stop_working = AtomicBool::new(false);
+
+    let faults = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let cut = Instant::now();
+        cluster.isolate("n1");
+        println!("cut n1 off from n2 and n3");
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        cluster.heal("n1");
+        println!("healed after {:?}", cut.elapsed());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop_producing.store(true, Ordering::Relaxed);
+        load::drained(&seen, Duration::from_secs(60)).await;
+        stop_working.store(true, Ordering::Relaxed);
+        cut
+    };
+    let (producers, workers) = ([&a, &b], [&b, &a]);
+    let (cut, (), ()) = tokio::join!(
+        faults,
+        load::produce(&producers, &seen, &stop_producing),
+        load::work(&workers, &seen, &stop_working),
+    );
+
+    load::describe_unfinished(&seen, &b).await;
+    let seen = seen.lock().unwrap();
+    seen.report(&[cut], Duration::from_secs(12));
     seen.check(Duration::from_secs(12));
 }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::{backend, lost_race};
 use super::mirror::Mirror;
+use super::records::Replica;
 use super::topology::encode_queue;
 use super::Store;
 use crate::domain::cron::{tick_job_id, CronEntry, OverlapPolicy};
@@ -121,7 +122,7 @@ impl Store {
         }
         let previous = match &entry.last_job_id {
             Some(id) => self
-                .read(id)
+                .read(id, Replica::Nearest)
                 .await?
                 .map(|(rec, _)| rec.job)
                 .filter(|j| !j.state.is_terminal()),

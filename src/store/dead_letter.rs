@@ -11,8 +11,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::{backend, lost_race};
-use super::records::{changing_too_fast, MAX_CAS_ATTEMPTS};
+use super::error::{backend, refusal};
+use super::records::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
@@ -121,7 +121,7 @@ impl Store {
             let Ok(entry) = serde_json::from_slice::<Entry>(&msg.payload) else {
                 continue;
             };
-            let Some((rec, _)) = self.read(&entry.id).await? else {
+            let Some((rec, _)) = self.read(&entry.id, Replica::Nearest).await? else {
                 continue;
             };
             // Only the job's current entry counts; a retried job left a stale one.
@@ -142,14 +142,14 @@ impl Store {
     /// # Errors
     /// 404 when the job is unknown or not in the dead letter queue.
     pub async fn dead_letter(&self, id: &str) -> Result<Job, OjsError> {
-        Ok(self.dead_lettered(id).await?.record.job)
+        Ok(self.dead_lettered(id, Replica::Nearest).await?.record.job)
     }
 
     /// The job's record while it is in the dead letter queue: the record names an entry and
     /// retention has not pruned that entry.
-    async fn dead_lettered(&self, id: &str) -> Result<DeadLettered, OjsError> {
+    async fn dead_lettered(&self, id: &str, from: Replica) -> Result<DeadLettered, OjsError> {
         let not_in_queue = || OjsError::not_found("dead-letter job", id);
-        let Some((record, revision)) = self.read(id).await? else {
+        let Some((record, revision)) = self.read(id, from).await? else {
             return Err(not_in_queue());
         };
         let Some(entry) = record.dead_letter else {
@@ -199,11 +199,14 @@ impl Store {
     /// # Errors
     /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
-        for _ in 0..MAX_CAS_ATTEMPTS {
+        let mut raced = None;
+        for round in 0..MAX_CAS_ATTEMPTS {
             let DeadLettered {
                 revision, entry, ..
-            } = self.dead_lettered(id).await?;
-            match self
+            } = self
+                .dead_lettered(id, Replica::after(raced.is_some()))
+                .await?;
+            let err = match self
                 .inner
                 .jobs
                 .purge_expect_revision(id, Some(revision))
@@ -214,11 +217,15 @@ impl Store {
                     self.drop_dead_letter_entry(entry).await;
                     return Ok(());
                 }
-                Err(err) if lost_race(&err, kv::UpdateErrorKind::WrongLastRevision) => {}
-                Err(err) => return Err(backend("deleting a dead-letter job")(err)),
-            }
+                Err(err) => err,
+            };
+            let Some(why) = refusal(&err, kv::UpdateErrorKind::WrongLastRevision) else {
+                return Err(backend("deleting a dead-letter job")(err));
+            };
+            raced = Some(why);
+            pause_after(why, round).await;
         }
-        Err(changing_too_fast(id))
+        Err(gave_up(id, raced))
     }
 
     /// Best effort: a stale entry left behind is skipped by listings.

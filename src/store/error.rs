@@ -42,12 +42,24 @@ pub fn consumer_missing(err: &async_nats::jetstream::stream::ConsumerError) -> b
     matches!(err.kind(), ConsumerErrorKind::JetStream(e) if e.error_code() == JsCode::CONSUMER_NOT_FOUND)
 }
 
-/// Whether a compare-and-set write (update or create) did not land because another write of
-/// the key won: the wrong revision async-nats names (`lost`), or — on a clustered stream of
-/// nats-server 2.10+ — a refusal because another write of the same key is still being
-/// proposed (JetStream error 10164), which async-nats reports only as "other". Either way
-/// nothing was written and a fresh read decides.
-pub fn lost_race<K>(err: &async_nats::error::Error<K>, lost: K) -> bool
+/// Why a compare-and-set write (update or create) did not land; either way nothing was
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Another write of the key landed first (the wrong revision async-nats names): a
+    /// fresh read decides.
+    Outdated,
+    /// On a clustered stream of nats-server 2.10+, the leader refused without comparing
+    /// because another write of the key is still being proposed (JetStream error 10164,
+    /// which async-nats reports only as "other"). That write may land or not, and its mark
+    /// can outlast it for a moment (longer across a leader change): reading again at once
+    /// would be refused again, so the next try waits a little.
+    InFlight,
+}
+
+/// Why `err` refused a compare-and-set; `None` for any other failure. `outdated` is the
+/// error kind async-nats uses for a wrong revision.
+pub fn refusal<K>(err: &async_nats::error::Error<K>, outdated: K) -> Option<Refused>
 where
     K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq,
 {
@@ -55,7 +67,20 @@ where
     let in_flight = std::iter::successors(std::error::Error::source(err), |e| e.source())
         .filter_map(|e| e.downcast_ref::<JsError>())
         .any(|e| e.error_code() == JsCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT);
-    err.kind() == lost || in_flight
+    if in_flight {
+        Some(Refused::InFlight)
+    } else {
+        (err.kind() == outdated).then_some(Refused::Outdated)
+    }
+}
+
+/// Whether a compare-and-set write lost to another write of the key, for either reason
+/// of [`Refused`].
+pub fn lost_race<K>(err: &async_nats::error::Error<K>, outdated: K) -> bool
+where
+    K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq,
+{
+    refusal(err, outdated).is_some()
 }
 
 /// What async-nats says, at any level of the error chain, when nobody answered. It spreads
@@ -113,29 +138,21 @@ mod tests {
     }
 
     #[test]
-    fn a_write_refused_for_another_in_flight_lost_a_race() {
+    fn a_write_refused_for_another_in_flight_lost_a_race_of_its_own_kind() {
         use async_nats::jetstream::kv::{UpdateError, UpdateErrorKind};
-        let refusal = |code: u64| {
+        let said = |code: u64| {
             let said: async_nats::jetstream::Error = serde_json::from_str(&format!(
                 r#"{{"code":400,"err_code":{code},"description":"wrong last sequence"}}"#
             ))
             .unwrap();
             UpdateError::from(PublishError::with_source(PublishErrorKind::Other, said))
         };
-        assert!(lost_race(
-            &refusal(10164),
-            UpdateErrorKind::WrongLastRevision
-        ));
-        assert!(!lost_race(
-            &refusal(10077),
-            UpdateErrorKind::WrongLastRevision
-        ));
+        let outdated = UpdateErrorKind::WrongLastRevision;
+        assert_eq!(refusal(&said(10164), outdated), Some(Refused::InFlight));
+        assert!(!lost_race(&said(10077), outdated));
         let wrong_revision =
             UpdateError::from(PublishError::new(PublishErrorKind::WrongLastSequence));
-        assert!(lost_race(
-            &wrong_revision,
-            UpdateErrorKind::WrongLastRevision
-        ));
+        assert_eq!(refusal(&wrong_revision, outdated), Some(Refused::Outdated));
         let timed_out = UpdateError::from(PublishError::new(PublishErrorKind::TimedOut));
         assert!(!lost_race(&timed_out, UpdateErrorKind::WrongLastRevision));
     }

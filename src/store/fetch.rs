@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::puller::Puller;
-use super::records::{settle, Dispatch, Lookup, MAX_CAS_ATTEMPTS};
+use super::records::{pause_after, settle, Cas, Dispatch, Lookup, Replica, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::{ErrorCode, OjsError};
@@ -242,6 +242,7 @@ impl Store {
         };
 
         self.failpoint("fetch.claiming").await;
+        let mut raced = None;
         for attempt in 0..MAX_CAS_ATTEMPTS {
             if Instant::now() >= deadline {
                 return Err(out_of_time());
@@ -259,7 +260,7 @@ impl Store {
             let guessed = guess.is_some();
             let (rec, revision) = match guess {
                 Some(found) => found,
-                None => match self.lookup(&d.id).await? {
+                None => match self.lookup(&d.id, Replica::after(raced.is_some())).await? {
                     Lookup::Found(rec, revision) => (*rec, revision),
                     Lookup::Removed => {
                         settle(msg, AckKind::Term).await;
@@ -314,8 +315,13 @@ impl Store {
             }
             self.prepare(&rec, &mut next).await?;
             // No deadline timer here: the leader watches the job from this write (§3.6).
-            let Some(written) = self.write(&d.id, &rec, &mut next, revision).await? else {
-                continue;
+            let written = match self.write(&d.id, &rec, &mut next, revision).await? {
+                Cas::Written(written) => written,
+                Cas::Refused(why) => {
+                    raced = Some(why);
+                    pause_after(why, attempt).await;
+                    continue;
+                }
             };
             self.failpoint("fetch.claimed").await;
             if next.job.state == JobState::Active {

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::warn;
 
-use super::records::{changing_too_fast, Settled, MAX_CAS_ATTEMPTS};
+use super::records::{gave_up, pause_after, Cas, Replica, Settled, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
@@ -82,6 +82,7 @@ impl Store {
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
     {
+        let mut raced = None;
         for attempt in 0..MAX_CAS_ATTEMPTS {
             // The first try may use the record this gateway wrote last (`recent.rs`).
             let guess = (attempt == 0).then(|| self.inner.recent.take(id)).flatten();
@@ -89,7 +90,7 @@ impl Store {
             let (before, revision) = match guess {
                 Some(found) => found,
                 None => self
-                    .read(id)
+                    .read(id, Replica::after(raced.is_some()))
                     .await?
                     .ok_or_else(|| OjsError::not_found("job", id))?,
             };
@@ -108,15 +109,21 @@ impl Store {
             };
             self.prepare(&before, &mut after).await?;
             self.failpoint("transition.prepared").await;
-            if let Some(written) = self.write(id, &before, &mut after, revision).await? {
-                self.failpoint("transition.written").await;
-                if after.job.state == JobState::Active {
-                    self.inner.recent.remember(id, after.clone(), written);
+            match self.write(id, &before, &mut after, revision).await? {
+                Cas::Written(written) => {
+                    self.failpoint("transition.written").await;
+                    if after.job.state == JobState::Active {
+                        self.inner.recent.remember(id, after.clone(), written);
+                    }
+                    return Ok(Settled { before, after });
                 }
-                return Ok(Settled { before, after });
+                Cas::Refused(why) => {
+                    raced = Some(why);
+                    pause_after(why, attempt).await;
+                }
             }
         }
-        Err(changing_too_fast(id))
+        Err(gave_up(id, raced))
     }
 
     /// After a job leaves `active`, its queue message is acknowledged through the subject

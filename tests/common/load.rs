@@ -37,7 +37,7 @@ impl Seen {
     /// neither 503 nor when to retry counts as a failure of another kind (599).
     pub fn request(&mut self, what: &'static str, started: Instant, reply: &Reply) {
         let status = reply.status.as_u16();
-        self.slowest = self.slowest.max((started.elapsed(), what, status));
+        self.timed(what, started, status);
         if !(200..300).contains(&status) {
             let status = if reply.header("retry-after").is_empty() {
                 599
@@ -47,6 +47,11 @@ impl Seen {
             self.failures
                 .push((Instant::now(), what, status, reply.body.clone()));
         }
+    }
+
+    /// Notes only a request's duration.
+    fn timed(&mut self, what: &'static str, started: Instant, status: u16) {
+        self.slowest = self.slowest.max((started.elapsed(), what, status));
     }
 
     /// Notes a job handed to the worker.
@@ -176,7 +181,9 @@ pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) 
 }
 
 /// ACKs (or FAILs) a job until an answer is not a 5xx; whether the job got there. A 409
-/// after a 5xx is read as the earlier try having landed when the job shows it.
+/// after a 5xx is no failure when the job explains it (read through every gateway: one may
+/// sit on a node still catching up): the earlier try landed, or — the 5xx having outlasted
+/// the reservation — the job lapsed back into line, to be handed out and settled again.
 async fn settle(
     gateways: &[&TestApp],
     turn: &mut usize,
@@ -184,6 +191,7 @@ async fn settle(
     id: &str,
     fail: bool,
 ) -> bool {
+    let what = if fail { "fail" } else { "ack" };
     let mut retried = false;
     loop {
         let gateway = gateways[*turn % gateways.len()];
@@ -194,26 +202,32 @@ async fn settle(
         } else {
             gateway.ack(json!({"job_id": id})).await
         };
-        seen.lock()
-            .unwrap()
-            .request(if fail { "fail" } else { "ack" }, started, &r);
-        if r.status.is_success() {
-            return true;
+        if r.status.is_server_error() {
+            seen.lock().unwrap().request(what, started, &r);
+            retried = true;
+            *turn += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         }
-        if !r.status.is_server_error() {
-            if !retried {
-                return false;
+        let (mut landed, mut lapsed) = (false, false);
+        if retried && !r.status.is_success() {
+            for g in gateways {
+                let state = state_of(g, id).await;
+                landed |= if fail {
+                    state != "active"
+                } else {
+                    state == "completed"
+                };
+                lapsed |= !fail && matches!(state.as_str(), Some("available" | "retryable"));
             }
-            let state = state_of(gateway, id).await;
-            return if fail {
-                state != "active"
-            } else {
-                state == "completed"
-            };
         }
-        retried = true;
-        *turn += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut seen = seen.lock().unwrap();
+        if landed || lapsed {
+            seen.timed(what, started, r.status.as_u16());
+        } else {
+            seen.request(what, started, &r);
+        }
+        return r.status.is_success() || landed;
     }
 }
 
@@ -227,6 +241,18 @@ async fn state_of(gateway: &TestApp, id: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("job {id} could not be read");
+}
+
+/// Prints what `gateway` says of each accepted job that was never acked, for a failing run.
+pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp) {
+    let unfinished: Vec<String> = {
+        let seen = seen.lock().unwrap();
+        seen.accepted.difference(&seen.acked).cloned().collect()
+    };
+    for id in unfinished {
+        let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
+        println!("unfinished {id}: {} {}", r.status, r.body);
+    }
 }
 
 /// Waits until every accepted job is acked, at most `within`.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod load;
+pub mod relay;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
@@ -164,22 +165,34 @@ pub async fn stream_leader(url: &str, stream: &str) -> String {
 }
 
 /// Three clustered nats-servers with JetStream (`n1`, `n2`, `n3`), routed to each other as
-/// docker-compose.yml routes its nodes.
+/// docker-compose.yml routes its nodes, except that every route runs through a [`Relay`]
+/// the test can cut ([`NatsCluster::isolate`]). Each node advertises an unused port as its
+/// route address, so a cut node cannot reach around its relays by the route addresses the
+/// others gossip.
 pub struct NatsCluster {
     pub nodes: Vec<NatsServer>,
+    /// `(from, to, relay)`: the relay node `from` dials to reach node `to`.
+    relays: Vec<(usize, usize, relay::Relay)>,
 }
 
 impl NatsCluster {
     /// Starts the nodes and waits until JetStream can place a stream on all three.
     pub async fn start() -> NatsCluster {
         let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let route_urls = routes
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let mut relays = Vec::new();
+        for from in 0..3 {
+            for to in (0..3).filter(|&to| to != from) {
+                relays.push((from, to, relay::Relay::start(routes[to]).await));
+            }
+        }
         let mut nodes = Vec::new();
         for (i, route) in routes.iter().enumerate() {
+            let route_urls = relays
+                .iter()
+                .filter(|(from, ..)| *from == i)
+                .map(|(.., r)| format!("nats://127.0.0.1:{}", r.port))
+                .collect::<Vec<_>>()
+                .join(",");
             let mut node = NatsServer::unstarted();
             node.name = format!("n{}", i + 1);
             node.port = free_port();
@@ -191,6 +204,10 @@ impl NatsCluster {
                 "ojs-test",
                 "--cluster",
                 &format!("nats://127.0.0.1:{route}"),
+                "--cluster_advertise",
+                &format!("127.0.0.1:{}", free_port()),
+                // Clients keep to the nodes they are given.
+                "--no_advertise",
                 "--routes",
                 &route_urls,
             ]
@@ -199,9 +216,32 @@ impl NatsCluster {
             assert!(node.spawn(), "cluster node {} did not start", node.name);
             nodes.push(node);
         }
-        let cluster = NatsCluster { nodes };
+        let cluster = NatsCluster { nodes, relays };
         cluster.wait_for_jetstream().await;
         cluster
+    }
+
+    /// Cuts node `name` off from the other two (they still reach each other); its clients
+    /// stay connected to it.
+    pub fn isolate(&self, name: &str) {
+        self.relays_of(name).for_each(relay::Relay::cut);
+    }
+
+    /// Ends [`NatsCluster::isolate`].
+    pub fn heal(&self, name: &str) {
+        self.relays_of(name).for_each(relay::Relay::mend);
+    }
+
+    fn relays_of(&self, name: &str) -> impl Iterator<Item = &relay::Relay> {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"));
+        self.relays
+            .iter()
+            .filter(move |(from, to, _)| *from == i || *to == i)
+            .map(|(.., r)| r)
     }
 
     /// Every node's URL, comma-separated, as `nats_url` takes them.

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::load::{self, Seen};
-use common::{spawn_app_with, test_config, NatsCluster};
+use common::{spawn_app_with, test_config, NatsCluster, TestApp};
 use ojs_jetstream::config::Config;
 
 /// Kills the leader of `stream` with SIGKILL, keeps the load on for `down`, restarts it.
@@ -25,52 +24,54 @@ async fn kill_leader(cluster: &Mutex<NatsCluster>, stream: &str, down: Duration)
     killed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
-    // The gateways' warnings, shown when the test fails.
+/// A started three-node cluster, or `None` (the test skips itself) on nats-server 2.9:
+/// there a write's expected revision is checked only before it is proposed, so across a
+/// stream leader change two claims of one revision can both land (architecture §6, "NATS
+/// clusters before 2.10"). Also shows the gateways' warnings when a test fails.
+async fn cluster_keeping_claims_exclusive() -> Option<NatsCluster> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("warn")
         .with_test_writer()
         .try_init();
     let cluster = NatsCluster::start().await;
     if common::nats_version(&cluster.url()).await < (2, 10) {
-        // There a write's expected revision is checked only before it is proposed, so
-        // across a stream leader change two claims of one revision can both land
-        // (architecture §6, "NATS clusters before 2.10").
         println!("skipped: a cluster of nats-server 2.9 cannot keep claims exclusive");
-        return;
+        return None;
     }
-    let config = Config {
-        nats_url: cluster.url(),
+    Some(cluster)
+}
+
+/// A gateway on `nats_url` with every stream at three replicas, under the load's
+/// reservation.
+async fn gateway(nats_url: String) -> TestApp {
+    spawn_app_with(Config {
+        nats_url,
         replicas: 3,
         visibility_timeout_ms: load::VISIBILITY_MS,
         ..test_config("")
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
+    let Some(cluster) = cluster_keeping_claims_exclusive().await else {
+        return;
     };
-    let a = spawn_app_with(config.clone()).await;
-    let b = spawn_app_with(config).await;
+    let a = gateway(cluster.url()).await;
+    let b = gateway(cluster.url()).await;
     let cluster = Mutex::new(cluster);
     let seen = Mutex::new(Seen::default());
-    let stop_producing = AtomicBool::new(false);
-    let stop_working = AtomicBool::new(false);
 
-    let faults = async {
+    let kills = load::through_faults(&a, &b, &seen, async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let first = kill_leader(&cluster, "KV_ojs-jobs", Duration::from_secs(5)).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let second = kill_leader(&cluster, "ojs-q-busy", Duration::from_secs(5)).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        stop_producing.store(true, Ordering::Relaxed);
-        // Everything accepted is worked off, scheduled jobs and retries too.
-        load::drained(&seen, Duration::from_secs(60)).await;
-        stop_working.store(true, Ordering::Relaxed);
         [first, second]
-    };
-    let (producers, workers) = ([&a, &b], [&b, &a]);
-    let (kills, (), ()) = tokio::join!(
-        faults,
-        load::produce(&producers, &seen, &stop_producing),
-        load::work(&workers, &seen, &stop_working),
-    );
+    })
+    .await;
 
     load::describe_unfinished(&seen, &a).await;
     let seen = seen.lock().unwrap();
@@ -84,20 +85,8 @@ async fn losing_a_node_of_three_loses_no_accepted_job_and_runs_none_twice() {
 /// the partition heals nothing accepted is lost or was run twice at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_off_with_a_minority_node_fails_only_retryably_and_loses_nothing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
-        .with_test_writer()
-        .try_init();
-    let mut cluster = NatsCluster::start().await;
-    if common::nats_version(&cluster.url()).await < (2, 10) {
-        println!("skipped: a cluster of nats-server 2.9 cannot keep claims exclusive");
+    let Some(mut cluster) = cluster_keeping_claims_exclusive().await else {
         return;
-    }
-    let config = |nats_url: String| Config {
-        nats_url,
-        replicas: 3,
-        visibility_timeout_ms: load::VISIBILITY_MS,
-        ..test_config("")
     };
     let minority = cluster.node("n1").url.clone();
     let majority = format!(
@@ -105,13 +94,11 @@ async fn a_gateway_cut_off_with_a_minority_node_fails_only_retryably_and_loses_n
         cluster.node("n2").url.clone(),
         cluster.node("n3").url.clone()
     );
-    let a = spawn_app_with(config(minority)).await;
-    let b = spawn_app_with(config(majority)).await;
+    let a = gateway(minority).await;
+    let b = gateway(majority).await;
     let seen = Mutex::new(Seen::default());
-    let stop_producing = AtomicBool::new(false);
-    let stop_working = AtomicBool::new(false);
 
-    let faults = async {
+    let cut = load::through_faults(&a, &b, &seen, async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let cut = Instant::now();
         cluster.isolate("n1");
@@ -120,17 +107,9 @@ async fn a_gateway_cut_off_with_a_minority_node_fails_only_retryably_and_loses_n
         cluster.heal("n1");
         println!("healed after {:?}", cut.elapsed());
         tokio::time::sleep(Duration::from_secs(3)).await;
-        stop_producing.store(true, Ordering::Relaxed);
-        load::drained(&seen, Duration::from_secs(60)).await;
-        stop_working.store(true, Ordering::Relaxed);
         cut
-    };
-    let (producers, workers) = ([&a, &b], [&b, &a]);
-    let (cut, (), ()) = tokio::join!(
-        faults,
-        load::produce(&producers, &seen, &stop_producing),
-        load::work(&workers, &seen, &stop_working),
-    );
+    })
+    .await;
 
     load::describe_unfinished(&seen, &b).await;
     let seen = seen.lock().unwrap();

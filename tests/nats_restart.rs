@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -66,8 +65,6 @@ async fn a_nats_restart_under_load_loses_nothing_and_the_coordinator_resumes() {
     let registered = chrono::Utc::now().timestamp();
     let nats = Mutex::new(nats);
     let seen = Mutex::new(Seen::default());
-    let stop_producing = AtomicBool::new(false);
-    let stop_working = AtomicBool::new(false);
 
     let faults = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -109,17 +106,9 @@ async fn a_nats_restart_under_load_loses_nothing_and_the_coordinator_resumes() {
         }
         let healthy = down.elapsed();
         tokio::time::sleep(Duration::from_secs(4)).await;
-        stop_producing.store(true, Ordering::Relaxed);
-        load::drained(&seen, Duration::from_secs(60)).await;
-        stop_working.store(true, Ordering::Relaxed);
         (down, healthy, polled, poll)
     };
-    let (producers, workers) = ([&a, &b], [&b, &a]);
-    let ((down, healthy, polled, poll), (), ()) = tokio::join!(
-        faults,
-        load::produce(&producers, &seen, &stop_producing),
-        load::work(&workers, &seen, &stop_working),
-    );
+    let (down, healthy, polled, poll) = load::through_faults(&a, &b, &seen, faults).await;
 
     {
         let seen = seen.lock().unwrap();

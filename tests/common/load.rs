@@ -124,6 +124,33 @@ impl Seen {
     }
 }
 
+/// Puts the load on through `a` and `b` (each enqueues; `b` fetches first) while `faults`
+/// runs; once it is done, stops enqueueing and waits up to a minute for every accepted
+/// job, scheduled jobs and retries too, to be acked. What `faults` returned.
+pub async fn through_faults<T>(
+    a: &TestApp,
+    b: &TestApp,
+    seen: &Mutex<Seen>,
+    faults: impl std::future::Future<Output = T>,
+) -> T {
+    let stop_producing = AtomicBool::new(false);
+    let stop_working = AtomicBool::new(false);
+    let faults = async {
+        let outcome = faults.await;
+        stop_producing.store(true, Ordering::Relaxed);
+        drained(seen, Duration::from_secs(60)).await;
+        stop_working.store(true, Ordering::Relaxed);
+        outcome
+    };
+    let (producers, workers) = ([a, b], [b, a]);
+    let (outcome, (), ()) = tokio::join!(
+        faults,
+        produce(&producers, seen, &stop_producing),
+        work(&workers, seen, &stop_working),
+    );
+    outcome
+}
+
 /// Enqueues through the gateways in turn until told to stop.
 pub async fn produce(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) {
     let mut i = 0u64;

@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::error::{backend, lost_race};
+use super::cas::{self, Cas, Replica};
+use super::error::backend;
 use super::mirror::Mirror;
-use super::records::Replica;
 use super::topology::encode_queue;
 use super::Store;
 use crate::domain::cron::{tick_job_id, CronEntry, OverlapPolicy};
@@ -42,29 +41,35 @@ impl Store {
     /// When NATS fails.
     pub async fn register_cron(&self, mut entry: CronEntry) -> Result<(CronEntry, bool), OjsError> {
         let key = encode_queue(&entry.name);
-        let now = entry.created_at;
-        for _ in 0..16 {
-            let current = self.read_cron(&key).await?;
-            if let Some((old, _)) = &current {
-                entry.created_at = old.created_at;
-                entry.run_count = old.run_count;
-                entry.last_run_at = old.last_run_at;
-                entry.last_job_id = old.last_job_id.clone();
-            }
-            entry.next_run_at = if entry.enabled {
-                entry.schedule()?.next_after(now)
-            } else {
-                None
-            };
-            match self
-                .write_cron(&key, &entry, current.as_ref().map(|(_, r)| *r))
-                .await?
-            {
-                Some(_) => return Ok((entry, current.is_none())),
-                None => continue,
-            }
-        }
-        Err(OjsError::backend("the cron entry kept changing; retry"))
+        entry.next_run_at = if entry.enabled {
+            entry.schedule()?.next_after(entry.created_at)
+        } else {
+            None
+        };
+        let mut is_new = false;
+        let written = cas::change(
+            &self.inner.cron_kv,
+            &key,
+            "cron entry",
+            &entry.name,
+            |old: Option<&CronEntry>| {
+                is_new = old.is_none();
+                let mut next = entry.clone();
+                if let Some(old) = old {
+                    next.created_at = old.created_at;
+                    next.run_count = old.run_count;
+                    next.last_run_at = old.last_run_at;
+                    next.last_job_id.clone_from(&old.last_job_id);
+                }
+                Some(next)
+            },
+        )
+        .await?;
+        let entry = written.value.expect("a cron registration always writes");
+        self.inner
+            .cron
+            .remember(&key, written.revision, Some(entry.clone()));
+        Ok((entry, is_new))
     }
 
     /// Every registered entry, from this replica's mirror.
@@ -214,59 +219,32 @@ impl Store {
             next.last_run_at = Some(tick);
         }
         next.next_run_at = entry.schedule()?.next_after(resume_from(tick, Utc::now()));
-        match self.write_cron(key, &next, Some(revision)).await? {
+        match self.write_cron(key, &next, revision).await? {
             Some(_) => Ok(outcome),
             None => Ok(TickOutcome::Stale), // re-registered meanwhile; the new entry rules
         }
     }
 
     async fn read_cron(&self, key: &str) -> Result<Option<(CronEntry, u64)>, OjsError> {
-        let entry = self
-            .inner
-            .cron_kv
-            .entry(key)
-            .await
-            .map_err(backend("reading a cron entry"))?;
-        Ok(entry
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| {
-                serde_json::from_slice(&e.value)
-                    .ok()
-                    .map(|c| (c, e.revision))
-            }))
+        let current = cas::read(&self.inner.cron_kv, key, Replica::Nearest, "cron entry").await?;
+        Ok(current.value.map(|entry| (entry, current.revision)))
     }
 
-    /// Writes with a revision check (`None`: create); `None` back when another writer won.
+    /// Writes with a revision check; `None` back when another writer won.
     async fn write_cron(
         &self,
         key: &str,
         entry: &CronEntry,
-        revision: Option<u64>,
+        revision: u64,
     ) -> Result<Option<u64>, OjsError> {
-        let value: bytes::Bytes = serde_json::to_vec(entry)
-            .expect("cron entries serialize")
-            .into();
-        let written = match revision {
-            Some(rev) => self
-                .inner
-                .cron_kv
-                .update(key, value, rev)
-                .await
-                .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
-            None => self
-                .inner
-                .cron_kv
-                .create(key, value)
-                .await
-                .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
-        };
-        match written {
-            Ok(rev) => {
+        let value = serde_json::to_vec(entry).expect("cron entries serialize");
+        let doing = "writing a cron entry";
+        match cas::write(&self.inner.cron_kv, key, value.into(), revision, doing).await? {
+            Cas::Written(rev) => {
                 self.inner.cron.remember(key, rev, Some(entry.clone()));
                 Ok(Some(rev))
             }
-            Err(true) => Ok(None),
-            Err(false) => Err(OjsError::backend("NATS failed while writing a cron entry")),
+            Cas::Refused(_) => Ok(None),
         }
     }
 }

@@ -11,8 +11,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::cas::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
 use super::error::{backend, refusal};
-use super::records::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
@@ -225,7 +225,7 @@ impl Store {
             raced = Some(why);
             pause_after(why, round).await;
         }
-        Err(gave_up(id, raced))
+        Err(gave_up("job", id, raced))
     }
 
     /// Best effort: a stale entry left behind is skipped by listings.

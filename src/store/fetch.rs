@@ -10,8 +10,9 @@ use futures::future::join_all;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::cas::{pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use super::puller::Puller;
-use super::records::{pause_after, settle, Cas, Dispatch, Lookup, Replica, MAX_CAS_ATTEMPTS};
+use super::records::{settle, Dispatch, Lookup};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::{ErrorCode, OjsError};

@@ -14,7 +14,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::{backend, lost_race};
+use super::cas::{self, Replica};
+use super::error::backend;
 use super::mirror::Mirror;
 use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
@@ -118,20 +119,13 @@ impl QueueRegistry {
         if let Some(meta) = self.inner.queues.get(&key) {
             return Ok(Some(meta));
         }
-        let entry = self
-            .inner
-            .kv
-            .entry(&key)
-            .await
-            .map_err(backend("reading a queue entry"))?;
-        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
-            return Ok(None);
-        };
-        let meta = serde_json::from_slice::<QueueMeta>(&entry.value).ok();
+        let current =
+            cas::read::<QueueMeta>(&self.inner.kv, &key, Replica::Nearest, "queue").await?;
+        let meta = current.value;
         if let Some(meta) = &meta {
             self.inner
                 .queues
-                .remember(&key, entry.revision, Some(meta.clone()));
+                .remember(&key, current.revision, Some(meta.clone()));
         }
         Ok(meta)
     }
@@ -187,55 +181,29 @@ impl QueueRegistry {
             .await
             .map_err(backend("creating a priority consumer"))?;
         let key = encode_queue(queue);
-        loop {
-            let entry = reg
-                .kv
-                .entry(&key)
-                .await
-                .map_err(backend("reading a queue entry"))?;
-            let current = entry
-                .as_ref()
-                .filter(|e| e.operation == kv::Operation::Put)
-                .and_then(|e| serde_json::from_slice::<QueueMeta>(&e.value).ok());
-            let mut meta = current.clone().unwrap_or(QueueMeta {
-                name: queue.to_owned(),
-                priorities: Vec::new(),
-                paused: false,
-                created_at: now,
-            });
-            if !meta.priorities.contains(&priority) {
+        let written = cas::change(
+            &reg.kv,
+            &key,
+            "queue",
+            queue,
+            |current: Option<&QueueMeta>| {
+                if current.is_some_and(|m| m.priorities.contains(&priority)) {
+                    return None; // another replica registered it meanwhile
+                }
+                let mut meta = current.cloned().unwrap_or(QueueMeta {
+                    name: queue.to_owned(),
+                    priorities: Vec::new(),
+                    paused: false,
+                    created_at: now,
+                });
                 meta.priorities.push(priority);
                 meta.priorities.sort_unstable_by(|a, b| b.cmp(a));
-            }
-            let value = serde_json::to_vec(&meta)
-                .expect("queue meta serializes")
-                .into();
-            let written = match (&current, &entry) {
-                (Some(m), Some(e)) if m.priorities.contains(&priority) => Ok(e.revision),
-                (Some(_), Some(e)) => reg
-                    .kv
-                    .update(&key, value, e.revision)
-                    .await
-                    .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
-                _ => reg
-                    .kv
-                    .create(&key, value)
-                    .await
-                    .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
-            };
-            match written {
-                Ok(revision) => {
-                    reg.queues.remember(&key, revision, Some(meta));
-                    return Ok(());
-                }
-                Err(true) => continue, // another replica changed it; read again
-                Err(false) => {
-                    return Err(OjsError::backend(
-                        "NATS failed while registering a queue priority",
-                    ))
-                }
-            }
-        }
+                Some(meta)
+            },
+        )
+        .await?;
+        reg.queues.remember(&key, written.revision, written.value);
+        Ok(())
     }
 
     /// The pull loop of one priority of a queue, started on first use; loops idle for

@@ -4,49 +4,24 @@
 //! live beside: `enqueue.rs`, `fetch.rs`, `transitions.rs`; docs/architecture.md §4 gives
 //! the order of their NATS calls and what a crash between two of them leaves.
 
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
-use async_nats::jetstream::{context::PublishAckFuture, kv, message::PublishMessage, AckKind};
+use async_nats::jetstream::{context::PublishAckFuture, message::PublishMessage, AckKind};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::error::{backend, nats_failed, refusal, Refused};
+use super::cas::{self, Cas, Replica};
+use super::error::backend;
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
-use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord, Transition};
 use crate::domain::lifecycle;
 use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
 use crate::domain::trail;
 
-/// Compare-and-set attempts before an operation gives up under contention.
-pub(super) const MAX_CAS_ATTEMPTS: usize = 16;
 /// What the jobs bucket holds for an id.
-/// Which replica of the jobs stream answers a read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Replica {
-    /// Any (a direct get: the nearest answers).
-    Nearest,
-    /// The stream's leader. After a lost compare-and-set: a replica that lags (a node
-    /// rejoining after a partition, answering the direct gets of the clients connected to
-    /// it) would return the revision that just lost, round after round, until the
-    /// operation gave up with 409.
-    Leader,
-}
-
-impl Replica {
-    /// The replica to read from after a compare-and-set was or was not refused.
-    pub(super) fn after(lost_race: bool) -> Replica {
-        if lost_race {
-            Replica::Leader
-        } else {
-            Replica::Nearest
-        }
-    }
-}
-
 pub(super) enum Lookup {
     Found(Box<JobRecord>, u64),
     /// Deleted or purged (a rolled-back batch): its queue messages are spent.
@@ -156,41 +131,17 @@ impl Store {
         if crate::domain::envelope::parse_job_id(id).is_none() {
             return Ok(Lookup::Missing);
         }
-        if from == Replica::Leader {
-            return self.lookup_at_leader(id).await;
-        }
-        let entry = self
-            .inner
-            .jobs
-            .entry(id)
-            .await
-            .map_err(backend("reading a job"))?;
-        match entry {
-            Some(e) => found(id, e.operation == kv::Operation::Put, &e.value, e.revision),
+        let doing = "reading a job";
+        let mut last = cas::last(&self.inner.jobs, id, from, doing).await?;
+        if last.is_none() && from == Replica::Nearest {
             // Only the leader may declare a job missing: a replica still catching up (a
             // node rejoining after a partition) does not have the jobs written meanwhile,
             // and a FETCH would drop their messages, an ACK answer 404.
-            None => self.lookup_at_leader(id).await,
+            last = cas::last(&self.inner.jobs, id, Replica::Leader, doing).await?;
         }
-    }
-
-    async fn lookup_at_leader(&self, id: &str) -> Result<Lookup, OjsError> {
-        let subject = format!("$KV.{}.{id}", self.inner.topology.jobs_bucket());
-        match self
-            .inner
-            .jobs
-            .stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-        {
-            Ok(m) => {
-                let put = m.headers.get("KV-Operation").is_none();
-                found(id, put, &m.payload, m.sequence)
-            }
-            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                Ok(Lookup::Missing)
-            }
-            Err(err) => Err(backend("reading a job")(err)),
+        match last {
+            Some(last) => found(id, last.value.as_deref(), last.revision),
+            None => Ok(Lookup::Missing),
         }
     }
 
@@ -214,56 +165,27 @@ impl Store {
             );
             return Err(err);
         }
-        match self.inner.jobs.update(id, bytes.into(), revision).await {
-            Ok(rev) => Ok(Cas::Written(rev)),
-            Err(err) => match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
-                Some(why) => Ok(Cas::Refused(why)),
-                None => Err(nats_failed("writing a job", err)),
-            },
-        }
+        cas::write(
+            &self.inner.jobs,
+            id,
+            bytes.into(),
+            revision,
+            "writing a job",
+        )
+        .await
     }
 }
 
-/// A stored value of the jobs bucket as a [`Lookup`]: a record, or a removal marker.
-fn found(id: &str, put: bool, value: &[u8], revision: u64) -> Result<Lookup, OjsError> {
-    if !put {
+/// A stored value of the jobs bucket as a [`Lookup`]: a record, or (`None`) a removal
+/// marker.
+fn found(id: &str, value: Option<&[u8]>, revision: u64) -> Result<Lookup, OjsError> {
+    let Some(value) = value else {
         return Ok(Lookup::Removed);
-    }
+    };
     let rec = serde_json::from_slice(value).map_err(|err| {
         OjsError::backend(format!("Job record {id} is unreadable.")).with_source(err)
     })?;
     Ok(Lookup::Found(Box::new(rec), revision))
-}
-
-/// What a compare-and-set write of a job record came to.
-pub(super) enum Cas {
-    Written(u64),
-    Refused(Refused),
-}
-
-/// Before the next round after a refused write: none after an outdated revision (read
-/// again at once, from the leader), a pause growing from 10 ms to 320 ms while another
-/// write of the job is in flight (16 rounds wait 3.8 s at most).
-pub(super) async fn pause_after(refused: Refused, round: usize) {
-    if refused == Refused::InFlight {
-        tokio::time::sleep(std::time::Duration::from_millis(10 << round.min(5))).await;
-    }
-}
-
-/// The answer when every compare-and-set round on the job's record was refused: 409 when
-/// other writers kept winning, 503 (retry shortly) when NATS kept holding another write of
-/// it in flight — a stream leader change, not a conflict.
-pub(super) fn gave_up(id: &str, last: Option<Refused>) -> OjsError {
-    match last {
-        Some(Refused::InFlight) => OjsError::new(
-            ErrorCode::BackendUnavailable,
-            format!("NATS kept another write of job '{id}' in flight; retry shortly."),
-        ),
-        _ => OjsError::new(
-            ErrorCode::Conflict,
-            format!("Job '{id}' is changing too fast; retry."),
-        ),
-    }
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.

@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::warn;
 
-use super::records::{gave_up, pause_after, Cas, Replica, Settled, MAX_CAS_ATTEMPTS};
+use super::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
+use super::records::Settled;
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
@@ -123,7 +124,7 @@ impl Store {
                 }
             }
         }
-        Err(gave_up(id, raced))
+        Err(gave_up("job", id, raced))
     }
 
     /// After a job leaves `active`, its queue message is acknowledged through the subject

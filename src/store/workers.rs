@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::warn;
 
-use super::error::{backend, lost_race};
+use super::cas::{self, Replica};
+use super::error::backend;
 use super::timers::{Timer, TimerKind};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -139,7 +139,7 @@ impl Store {
     async fn record_beat(&self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
         let now = Utc::now();
         self.update_worker(&beat.worker_id, |current| {
-            let mut rec = current.unwrap_or_else(|| WorkerRecord {
+            let mut rec = current.cloned().unwrap_or_else(|| WorkerRecord {
                 worker_id: beat.worker_id.clone(),
                 directive: WorkerState::Running,
                 reported_state: None,
@@ -169,9 +169,9 @@ impl Store {
         state: WorkerState,
     ) -> Result<WorkerRecord, OjsError> {
         self.update_worker(worker_id, |current| {
-            current.map(|mut rec| {
-                rec.directive = rec.directive.max(state);
-                rec
+            current.map(|rec| WorkerRecord {
+                directive: rec.directive.max(state),
+                ..rec.clone()
             })
         })
         .await?
@@ -222,66 +222,24 @@ impl Store {
     }
 
     async fn read_worker(&self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
-        let entry = self
-            .inner
-            .workers
-            .entry(worker_key(worker_id))
-            .await
-            .map_err(backend("reading a worker"))?;
-        Ok(entry
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| {
-                serde_json::from_slice(&e.value)
-                    .ok()
-                    .map(|rec| (rec, e.revision))
-            }))
+        let key = worker_key(worker_id);
+        let current = cas::read(&self.inner.workers, &key, Replica::Nearest, "worker").await?;
+        Ok(current.value.map(|rec| (rec, current.revision)))
     }
 
     /// Read, change, write with a revision check, again on a lost race. `change` returning
-    /// `None` writes nothing.
+    /// `None` writes nothing (and gives the entry as found).
     async fn update_worker<F>(
         &self,
         worker_id: &str,
         change: F,
     ) -> Result<Option<WorkerRecord>, OjsError>
     where
-        F: Fn(Option<WorkerRecord>) -> Option<WorkerRecord>,
+        F: FnMut(Option<&WorkerRecord>) -> Option<WorkerRecord>,
     {
         let key = worker_key(worker_id);
-        for _ in 0..16 {
-            let current = self.read_worker(worker_id).await?;
-            let revision = current.as_ref().map(|(_, r)| *r);
-            let Some(next) = change(current.map(|(rec, _)| rec)) else {
-                return Ok(None);
-            };
-            let value = serde_json::to_vec(&next)
-                .expect("worker records serialize")
-                .into();
-            let written = match revision {
-                Some(rev) => self
-                    .inner
-                    .workers
-                    .update(&key, value, rev)
-                    .await
-                    .map_err(|e| lost_race(&e, kv::UpdateErrorKind::WrongLastRevision)),
-                None => self
-                    .inner
-                    .workers
-                    .create(&key, value)
-                    .await
-                    .map_err(|e| lost_race(&e, kv::CreateErrorKind::AlreadyExists)),
-            };
-            match written {
-                Ok(_) => return Ok(Some(next)),
-                Err(true) => continue,
-                Err(false) => {
-                    return Err(OjsError::backend(
-                        "NATS failed while writing a worker entry",
-                    ))
-                }
-            }
-        }
-        Err(OjsError::backend("the worker entry kept changing; retry"))
+        let written = cas::change(&self.inner.workers, &key, "worker", worker_id, change).await?;
+        Ok(written.value)
     }
 }
 

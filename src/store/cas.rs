@@ -1,0 +1,195 @@
+//! Compare-and-set on KV keys, shared by every bucket: which replica a read asks, what a
+//! refused write means and how long to wait before the next round, and the one
+//! read-change-write loop of the small JSON entries (workers, cron, queue registry). Job
+//! records have their own loop (`transitions.rs`, `fetch.rs`): their writes carry trails,
+//! a size check and what must be stored first.
+
+use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::error::{nats_failed, refusal, Refused};
+use crate::domain::error::{ErrorCode, OjsError};
+
+/// Compare-and-set attempts before an operation gives up under contention.
+pub(super) const MAX_CAS_ATTEMPTS: usize = 16;
+
+/// Which replica of a bucket's stream answers a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Replica {
+    /// Any (a direct get: the nearest answers).
+    Nearest,
+    /// The stream's leader. After a lost compare-and-set: a replica that lags (a node
+    /// rejoining after a partition, answering the direct gets of the clients connected to
+    /// it) would return the revision that just lost, round after round, until the
+    /// operation gave up.
+    Leader,
+}
+
+impl Replica {
+    /// The replica to read from after a compare-and-set was or was not refused.
+    pub(super) fn after(lost_race: bool) -> Replica {
+        if lost_race {
+            Replica::Leader
+        } else {
+            Replica::Nearest
+        }
+    }
+}
+
+/// What a compare-and-set write came to.
+pub(super) enum Cas {
+    Written(u64),
+    Refused(Refused),
+}
+
+/// The last write of a key: its value (`None` for a delete or purge marker) and revision.
+pub(super) struct Last {
+    pub(super) value: Option<Bytes>,
+    pub(super) revision: u64,
+}
+
+/// The key's last write as `from` has it; `None` when the key was never written (or its
+/// history was purged away).
+pub(super) async fn last(
+    kv: &kv::Store,
+    key: &str,
+    from: Replica,
+    doing: &str,
+) -> Result<Option<Last>, OjsError> {
+    if from == Replica::Nearest {
+        let entry = kv.entry(key).await.map_err(|e| nats_failed(doing, e))?;
+        return Ok(entry.map(|e| Last {
+            value: (e.operation == kv::Operation::Put).then_some(e.value),
+            revision: e.revision,
+        }));
+    }
+    let subject = format!("{}{key}", kv.prefix);
+    match kv.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => Ok(Some(Last {
+            // A put carries no operation header; deletes and purges name theirs.
+            value: m.headers.get("KV-Operation").is_none().then_some(m.payload),
+            revision: m.sequence,
+        })),
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(err) => Err(nats_failed(doing, err)),
+    }
+}
+
+/// Writes `value` if the key is still at `revision` (0: never written, or only deleted
+/// before if `revision` names the marker).
+pub(super) async fn write(
+    kv: &kv::Store,
+    key: &str,
+    value: Bytes,
+    revision: u64,
+    doing: &str,
+) -> Result<Cas, OjsError> {
+    match kv.update(key, value, revision).await {
+        Ok(rev) => Ok(Cas::Written(rev)),
+        Err(err) => match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
+            Some(why) => Ok(Cas::Refused(why)),
+            None => Err(nats_failed(doing, err)),
+        },
+    }
+}
+
+/// Before the next round after a refused write: none after an outdated revision (read
+/// again at once, from the leader), a pause growing from 10 ms to 320 ms while another
+/// write of the key is in flight (16 rounds wait 3.8 s at most).
+pub(super) async fn pause_after(refused: Refused, round: usize) {
+    if refused == Refused::InFlight {
+        tokio::time::sleep(std::time::Duration::from_millis(10 << round.min(5))).await;
+    }
+}
+
+/// The answer when every compare-and-set round on `what` `name` was refused: 409 when
+/// other writers kept winning, 503 (retry shortly) when NATS kept holding another write of
+/// it in flight — a stream leader change, not a conflict.
+pub(super) fn gave_up(what: &str, name: &str, last: Option<Refused>) -> OjsError {
+    match last {
+        Some(Refused::InFlight) => OjsError::new(
+            ErrorCode::BackendUnavailable,
+            format!("NATS kept another write of {what} '{name}' in flight; retry shortly."),
+        ),
+        _ => OjsError::new(
+            ErrorCode::Conflict,
+            format!("The {what} '{name}' is changing too fast; retry."),
+        ),
+    }
+}
+
+/// A JSON entry as last written: `None` when never written, deleted or purged, with the
+/// revision its compare-and-set names.
+pub(super) struct Current<T> {
+    pub(super) value: Option<T>,
+    pub(super) revision: u64,
+}
+
+/// Reads the JSON entry `what` at `key`.
+pub(super) async fn read<T: DeserializeOwned>(
+    kv: &kv::Store,
+    key: &str,
+    from: Replica,
+    what: &str,
+) -> Result<Current<T>, OjsError> {
+    let Some(last) = last(kv, key, from, &format!("reading a {what}")).await? else {
+        return Ok(Current {
+            value: None,
+            revision: 0,
+        });
+    };
+    let value = match last.value {
+        Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|err| {
+            OjsError::backend(format!("The {what} at '{key}' is unreadable.")).with_source(err)
+        })?),
+        None => None,
+    };
+    Ok(Current {
+        value,
+        revision: last.revision,
+    })
+}
+
+/// Read, change, write with the revision read; after a refusal the next round reads at
+/// the leader. `change` returning `None` writes nothing. Gives the entry as written (or
+/// as found, when nothing was written).
+///
+/// # Errors
+/// 409 or 503 ([`gave_up`]) after [`MAX_CAS_ATTEMPTS`] refused rounds, naming `name`.
+pub(super) async fn change<T, F>(
+    kv: &kv::Store,
+    key: &str,
+    what: &str,
+    name: &str,
+    mut change: F,
+) -> Result<Current<T>, OjsError>
+where
+    T: Serialize + DeserializeOwned,
+    F: FnMut(Option<&T>) -> Option<T>,
+{
+    let doing = format!("writing a {what}");
+    let mut raced = None;
+    for round in 0..MAX_CAS_ATTEMPTS {
+        let current = read::<T>(kv, key, Replica::after(raced.is_some()), what).await?;
+        let Some(next) = change(current.value.as_ref()) else {
+            return Ok(current);
+        };
+        let bytes = serde_json::to_vec(&next).expect("entries serialize");
+        match write(kv, key, bytes.into(), current.revision, &doing).await? {
+            Cas::Written(revision) => {
+                return Ok(Current {
+                    value: Some(next),
+                    revision,
+                })
+            }
+            Cas::Refused(why) => {
+                raced = Some(why);
+                pause_after(why, round).await;
+            }
+        }
+    }
+    Err(gave_up(what, name, raced))
+}

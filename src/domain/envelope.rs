@@ -295,6 +295,8 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         retry_delay_ms: None,
         next_attempt_at: None,
         worker_id: None,
+        workflow_id: None,
+        parent_results: None,
         options: (!unknown_options.is_empty()).then_some(unknown_options),
         extra: obj,
     };

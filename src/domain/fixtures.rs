@@ -27,5 +27,6 @@ pub fn record(options: Value) -> JobRecord {
         transition: Transition::Created,
         dead_letter: None,
         trail: Vec::new(),
+        slot: None,
     }
 }

@@ -9,6 +9,7 @@ use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
 use super::trail::Step;
+use super::workflow::Slot;
 
 /// The envelope version this server writes (core §5.1).
 pub const SPEC_VERSION: &str = "1.0.0-rc.1";
@@ -95,6 +96,12 @@ pub struct Job {
     pub next_attempt_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
+    /// The workflow the job belongs to (workflows spec §7.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    /// Results of the workflow members before it, set when the workflow starts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_results: Option<Value>,
     /// Option keys this server does not know, preserved (JSON format §14.3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<Map<String, Value>>,
@@ -187,9 +194,25 @@ pub struct JobRecord {
     /// Earlier writes of this job the event publisher may not have handled yet (`trail.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trail: Vec<Step>,
+    /// Its place in its workflow (`job.workflow_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<Slot>,
 }
 
 impl JobRecord {
+    /// The record a job is created with (its first dispatch if it starts available).
+    pub fn created(job: Job, slot: Option<Slot>) -> JobRecord {
+        JobRecord {
+            dispatch: u64::from(job.state == JobState::Available),
+            holder: None,
+            transition: Transition::Created,
+            dead_letter: None,
+            trail: Vec::new(),
+            slot,
+            job,
+        }
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a job record always serializes")
     }

@@ -22,3 +22,4 @@ pub mod state;
 pub mod time;
 pub mod trail;
 pub mod worker;
+pub mod workflow;

@@ -13,7 +13,7 @@ use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
 use crate::domain::error::{ErrorCode, OjsError};
-use crate::domain::job::{Job, JobRecord, Transition};
+use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;
 use crate::domain::state::JobState;
 
@@ -30,14 +30,7 @@ impl Store {
         let now = Utc::now();
         let records: Vec<JobRecord> = jobs
             .into_iter()
-            .map(|job| JobRecord {
-                dispatch: u64::from(job.state == JobState::Available),
-                holder: None,
-                transition: Transition::Created,
-                dead_letter: None,
-                trail: Vec::new(),
-                job,
-            })
+            .map(|job| JobRecord::created(job, None))
             .collect();
         let mut encoded = Vec::with_capacity(records.len());
         let max_job = self.max_job_bytes();

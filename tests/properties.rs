@@ -202,7 +202,7 @@ proptest! {
             prop_assert!(job.timeout_ms.unwrap_or(0) <= duration::MAX.as_millis() as u64);
             prop_assert!(job.visibility_timeout_ms.unwrap_or(0) <= duration::MAX.as_millis() as u64);
             prop_assert!(job.retry.max_interval <= duration::MAX);
-            let rec = JobRecord { job, dispatch: 1, holder: None, transition: Transition::Created, dead_letter: None, trail: Vec::new() };
+            let rec = JobRecord { job, dispatch: 1, holder: None, transition: Transition::Created, dead_letter: None, trail: Vec::new(), slot: None };
             times_are_readable(&rec);
         }
     }
@@ -250,7 +250,7 @@ proptest! {
     ) {
         let body = json!({"type": "t.x", "args": [], "options": Value::Object(options.into_iter().collect())});
         let Ok(job) = envelope::parse(body, now(), Uuid::now_v7()) else { return Ok(()) };
-        let mut rec = JobRecord { dispatch: u64::from(job.state == JobState::Available), job, holder: None, transition: Transition::Created, dead_letter: None, trail: Vec::new() };
+        let mut rec = JobRecord::created(job, None);
         let mut t = now();
         for (n, (op, ms, value)) in ops.into_iter().enumerate() {
             t = time::add(t, Duration::from_millis(ms % 10_000_000));

@@ -1,6 +1,6 @@
 //! Leader service: turns every job-record write into the events it implies (events seed §3)
-//! and publishes them on `<namespace>.events.<type>`, and feeds the same writes to the
-//! deadline watch. Reading the writes from the jobs bucket's own stream means neither an
+//! and publishes them on `<namespace>.events.<type>`, moves the workflows of the jobs written
+//! on (architecture §3.16), and feeds the same writes to the deadline watch. Reading the writes from the jobs bucket's own stream means neither an
 //! event nor a deadline can be lost between a state write and its handling: a write stays
 //! unacknowledged until its events are stored and the watch no longer needs it.
 
@@ -15,6 +15,8 @@ use tracing::{error, warn};
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
 use crate::domain::event::{job_events, step_events, Event};
+use crate::domain::trail::Step;
+use crate::domain::workflow;
 use crate::store::{JobWrite, Store};
 use crate::telemetry::metrics::Metrics;
 
@@ -122,6 +124,7 @@ impl EventPublisher {
     ) -> bool {
         let source = self.store.event_source();
         let mut events: Vec<Event> = Vec::new();
+        let mut workflows = Vec::new();
         for w in batch {
             unseen.delivered(w.revision);
             if w.unreadable {
@@ -130,27 +133,45 @@ impl EventPublisher {
             }
             let Some(rec) = &w.record else { continue };
             let derived = catch_unwind(AssertUnwindSafe(|| {
-                let recovered: Vec<Event> = rec
+                let steps: Vec<&Step> = rec
                     .trail
                     .iter()
                     .filter(|step| unseen.take(step.revision))
+                    .collect();
+                let recovered: Vec<Event> = steps
+                    .iter()
                     .flat_map(|step| step_events(rec, step, source))
                     .collect();
-                (recovered, job_events(rec, w.revision, source))
+                let seen: Vec<_> = steps
+                    .iter()
+                    .map(|step| (step.transition, step.state))
+                    .chain([(rec.transition, rec.job.state)])
+                    .filter_map(|(transition, state)| workflow::seen_in(rec, transition, state))
+                    .collect();
+                (recovered, job_events(rec, w.revision, source), seen)
             }));
             match derived {
-                Ok((recovered, own)) => {
+                Ok((recovered, own, seen)) => {
                     if !recovered.is_empty() {
                         self.metrics.events_recovered(recovered.len());
                     }
                     events.extend(recovered);
                     events.extend(own);
+                    workflows.extend(seen);
                 }
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
         }
         while let Err(err) = self.store.publish_events(&events).await {
             warn!(error = %err, "publishing events failed; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        // Workflows move on after the events of the writes that moved them.
+        while let Err(err) = self.store.advance_workflows(&workflows).await {
+            warn!(error = %err, "moving workflows on failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}

@@ -390,6 +390,31 @@ pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsErr
     Ok(next)
 }
 
+/// A workflow starts its pending member: `pending → available` with the results of the
+/// members before it; `None` when it is no longer pending (started already, or
+/// cancelled), so starting it twice changes nothing.
+pub fn activate_member(
+    rec: &JobRecord,
+    now: DateTime<Utc>,
+    parent_results: Option<Value>,
+) -> Option<JobRecord> {
+    if rec.job.state != JobState::Pending {
+        return None;
+    }
+    let mut next = activate(rec, now).ok()?;
+    next.job.parent_results = parent_results;
+    Some(next)
+}
+
+/// A cancelled or failed workflow withdraws a member: cancelled unless it runs (it finishes,
+/// workflows spec §11.3) or already ended; `None` then.
+pub fn withdraw(rec: &JobRecord, now: DateTime<Utc>) -> Option<JobRecord> {
+    if rec.job.state == JobState::Active || rec.job.state.is_terminal() {
+        return None;
+    }
+    cancel(rec, now).ok().flatten()
+}
+
 /// When a waiting job becomes available: a retryable one at its next attempt, a scheduled
 /// one at its `scheduled_at`. `None` for jobs in other states.
 pub fn due_at(rec: &JobRecord) -> Option<DateTime<Utc>> {

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::envelope;
 use super::error::{ErrorCode, OjsError};
 use super::fields;
-use super::job::{stable_uuid, Job};
+use super::job::{stable_uuid, Job, JobRecord, Transition};
 use super::state::JobState;
 
 /// Levels of nesting a workflow may have (workflows spec §10.2: at least 3).
@@ -52,7 +52,11 @@ pub enum Callback {
 }
 
 impl Callback {
-    pub const ALL: [Callback; 3] = [Callback::OnComplete, Callback::OnSuccess, Callback::OnFailure];
+    pub const ALL: [Callback; 3] = [
+        Callback::OnComplete,
+        Callback::OnSuccess,
+        Callback::OnFailure,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -130,7 +134,7 @@ impl Status {
         }
     }
 
-    fn of(letter: char) -> Status {
+    pub fn from_letter(letter: char) -> Status {
         match letter {
             'p' => Status::Enqueued,
             'a' => Status::Started,
@@ -222,7 +226,7 @@ impl WorkflowRecord {
     }
 
     pub fn status_of(&self, index: usize) -> Status {
-        Status::of(self.status.as_bytes()[index] as char)
+        Status::from_letter(self.status.as_bytes()[index] as char)
     }
 
     fn set(&mut self, index: usize, status: Status) {
@@ -232,7 +236,10 @@ impl WorkflowRecord {
     }
 
     fn count(&self, status: Status) -> usize {
-        self.status.chars().filter(|l| *l == status.letter()).count()
+        self.status
+            .chars()
+            .filter(|l| *l == status.letter())
+            .count()
     }
 
     pub fn completed(&self) -> usize {
@@ -261,7 +268,7 @@ impl WorkflowRecord {
         self.callbacks
             .iter()
             .find(|(c, _)| *c == callback)
-            .map(|(_, l)| Status::of(*l))
+            .map(|(_, l)| Status::from_letter(*l))
     }
 
     fn set_callback(&mut self, callback: Callback, status: Status) {
@@ -503,18 +510,17 @@ fn check_callbacks(
 /// before), a group when none depends on another, a batch when callback steps are added to
 /// a group. Other graphs are refused: general dependency graphs are not an OJS primitive.
 fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
-    let steps = match obj.get("steps") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => {
-            return Err(invalid("$.steps", "steps must contain at least one job."))
-        }
-        _ => {
-            return Err(invalid(
+    let steps =
+        match obj.get("steps") {
+            Some(Value::Array(a)) if !a.is_empty() => a,
+            Some(Value::Array(_)) => {
+                return Err(invalid("$.steps", "steps must contain at least one job."))
+            }
+            _ => return Err(invalid(
                 "$.type",
                 "type must be \"chain\", \"group\" or \"batch\" (or give steps with depends_on).",
-            ))
-        }
-    };
+            )),
+        };
     struct Step {
         id: String,
         depends_on: Vec<String>,
@@ -596,7 +602,10 @@ fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
         if let Some(unknown) = step.depends_on.iter().find(|d| !seen.contains(*d)) {
             return Err(invalid(
                 "$.steps",
-                format!("Step {:?} depends on {unknown:?}, which is not a step.", step.id),
+                format!(
+                    "Step {:?} depends on {unknown:?}, which is not a step.",
+                    step.id
+                ),
             ));
         }
     }
@@ -759,7 +768,15 @@ fn lay_out(
                     workflow_id: wf_id.clone(),
                     index: i,
                 };
-                lay_out(w, member_id, Some(parent), starts(i), now, &member_path, out)?;
+                lay_out(
+                    w,
+                    member_id,
+                    Some(parent),
+                    starts(i),
+                    now,
+                    &member_path,
+                    out,
+                )?;
             }
         }
     }
@@ -845,6 +862,38 @@ pub enum Seen {
     Completed(Option<Vec<Value>>),
     Failed(Option<Value>),
     Cancelled,
+}
+
+/// What a write of a workflow's job (its `transition` into `state`) tells the workflow:
+/// a start, or the end; `None` for everything else and for jobs outside workflows.
+pub fn seen_in(
+    rec: &JobRecord,
+    transition: Transition,
+    state: JobState,
+) -> Option<(String, Slot, Seen)> {
+    let (Some(workflow_id), Some(slot)) = (&rec.job.workflow_id, rec.slot) else {
+        return None;
+    };
+    let seen = match (transition, state) {
+        (Transition::Started, _) => Seen::Started,
+        (_, JobState::Completed) => {
+            let mut passed = match &rec.job.parent_results {
+                Some(Value::Array(before)) => before.clone(),
+                _ => Vec::new(),
+            };
+            passed.push(rec.job.result.clone().unwrap_or(Value::Null));
+            Seen::Completed(Some(passed))
+        }
+        (_, JobState::Discarded) => Seen::Failed(
+            rec.job
+                .error
+                .as_ref()
+                .and_then(|e| serde_json::to_value(e).ok()),
+        ),
+        (_, JobState::Cancelled) => Seen::Cancelled,
+        _ => return None,
+    };
+    Some((workflow_id.clone(), slot, seen))
 }
 
 /// Where a started job's `parent_results` come from.
@@ -975,7 +1024,7 @@ fn member(a: &mut Advance, i: usize, what: &Seen, now: DateTime<Utc>) {
 fn open_members(rec: &WorkflowRecord) -> usize {
     rec.status
         .chars()
-        .filter(|l| !Status::of(*l).is_final())
+        .filter(|l| !Status::from_letter(*l).is_final())
         .count()
 }
 
@@ -1010,7 +1059,10 @@ fn start(rec: &WorkflowRecord, i: usize, results: Results) -> Effect {
     if rec.is_nested(i) {
         Effect::Begin { workflow_id: id }
     } else {
-        Effect::Activate { job_id: id, results }
+        Effect::Activate {
+            job_id: id,
+            results,
+        }
     }
 }
 
@@ -1080,7 +1132,7 @@ fn batch_ends_when_callbacks_do(a: &mut Advance, now: DateTime<Utc>) {
         .record
         .callbacks
         .iter()
-        .map(|(_, l)| Status::of(*l))
+        .map(|(_, l)| Status::from_letter(*l))
         .filter(|s| *s != Status::Skipped)
         .collect();
     if fired.iter().any(|s| !s.is_final()) {
@@ -1117,6 +1169,94 @@ fn finish(a: &mut Advance, state: WorkflowState, now: DateTime<Utc>) {
     }
 }
 
+/// A nested workflow waiting as a later chain step begins: its first members start.
+pub fn begin(rec: &WorkflowRecord) -> Advance {
+    let mut a = Advance {
+        record: rec.clone(),
+        changed: false,
+        effects: Vec::new(),
+        happened: Vec::new(),
+    };
+    if rec.state == WorkflowState::Running {
+        let first: Vec<usize> = match rec.kind {
+            Kind::Chain => vec![0],
+            Kind::Group | Kind::Batch => (0..rec.members()).collect(),
+        };
+        for i in first {
+            if a.record.status_of(i) == Status::Waiting {
+                a.record.set(i, Status::Enqueued);
+                a.effects.push(start(&a.record, i, Results::None));
+            }
+        }
+    }
+    a.changed = a.record != *rec;
+    a
+}
+
+/// The event a workflow's progress implies, its id fixed by workflow, kind and member so a
+/// repeat after a crash is dropped as a duplicate. `plan` names the members.
+pub fn event(
+    rec: &WorkflowRecord,
+    plan: Option<&Plan>,
+    happened: &Happened,
+    source: &str,
+    now: DateTime<Utc>,
+) -> super::event::Event {
+    let type_of = |i: usize| plan.and_then(|p| p.types.get(i)).cloned();
+    let total = rec.members();
+    let mut data = serde_json::json!({
+        "workflow_id": rec.id,
+        "workflow_name": rec.name,
+        "workflow_type": kind_name(rec.kind),
+    });
+    let (event_type, place) = match happened {
+        Happened::Started => {
+            data["total_steps"] = total.into();
+            ("workflow.started", String::new())
+        }
+        Happened::StepCompleted { index } => {
+            data["step_id"] = rec.member_id(*index).into();
+            data["step_index"] = (*index).into();
+            data["step_type"] = type_of(*index).into();
+            data["steps_remaining"] = (total - rec.completed().min(total)).into();
+            ("workflow.step_completed", index.to_string())
+        }
+        Happened::Completed => {
+            data["total_steps"] = total.into();
+            data["duration_ms"] = rec
+                .finished_at
+                .map_or(0, |f| (f - rec.created_at).num_milliseconds().max(0))
+                .into();
+            ("workflow.completed", String::new())
+        }
+        Happened::Failed { index } => {
+            if let Some(i) = index {
+                data["failed_step_id"] = rec.member_id(*i).into();
+                data["failed_step_type"] = type_of(*i).into();
+            }
+            data["error"] = rec
+                .failure
+                .as_ref()
+                .and_then(|f| f.error.clone())
+                .unwrap_or(Value::Null);
+            ("workflow.failed", String::new())
+        }
+    };
+    super::event::Event {
+        specversion: "1.0".into(),
+        id: format!(
+            "evt_{}",
+            stable_uuid(&format!("{}/{event_type}/{place}", rec.id), rec.created_at)
+        ),
+        event_type: event_type.into(),
+        source: source.into(),
+        time: now,
+        subject: Some(rec.id.clone()),
+        datacontenttype: "application/json".into(),
+        data,
+    }
+}
+
 /// CANCEL of a running workflow (workflows spec §11.3): it ends `cancelled`, and every
 /// member that has not started is cancelled; started ones finish and start nothing.
 ///
@@ -1149,7 +1289,7 @@ pub fn cancel(rec: &WorkflowRecord, now: DateTime<Utc>) -> Result<Advance, OjsEr
         }
     }
     for (_, l) in &mut a.record.callbacks {
-        if Status::of(*l) == Status::Waiting {
+        if Status::from_letter(*l) == Status::Waiting {
             *l = Status::Cancelled.letter();
         }
     }
@@ -1174,7 +1314,7 @@ pub fn cancellations(rec: &WorkflowRecord) -> Vec<Effect> {
     let callbacks = rec
         .callbacks
         .iter()
-        .filter(|(_, l)| undone(Status::of(*l)))
+        .filter(|(_, l)| undone(Status::from_letter(*l)))
         .map(|(c, _)| Effect::Cancel {
             job_id: rec.callback_id(*c),
         });
@@ -1216,7 +1356,9 @@ mod tests {
 
     #[test]
     fn a_chain_starts_its_first_step_and_holds_the_others() {
-        let c = laid_out(json!({"type": "chain", "name": "c", "steps": [job("a"), job("b"), job("c")]}));
+        let c = laid_out(
+            json!({"type": "chain", "name": "c", "steps": [job("a"), job("b"), job("c")]}),
+        );
         assert_eq!(
             states(&c),
             [
@@ -1226,7 +1368,10 @@ mod tests {
             ]
         );
         let (rec, plan) = &c.workflows[0];
-        assert_eq!((rec.kind, rec.status.as_str(), rec.ready), (Kind::Chain, "pww", false));
+        assert_eq!(
+            (rec.kind, rec.status.as_str(), rec.ready),
+            (Kind::Chain, "pww", false)
+        );
         assert_eq!(plan.types, ["a", "b", "c"]);
         for (i, (j, slot)) in c.jobs.iter().enumerate() {
             assert_eq!(j.id, rec.member_id(i));
@@ -1234,7 +1379,9 @@ mod tests {
             assert_eq!(*slot, Slot::Member(i));
         }
         // The same request under the same id lays out the same ids.
-        let again = laid_out(json!({"type": "chain", "name": "c", "steps": [job("a"), job("b"), job("c")]}));
+        let again = laid_out(
+            json!({"type": "chain", "name": "c", "steps": [job("a"), job("b"), job("c")]}),
+        );
         assert_eq!(c.jobs[2].0.id, again.jobs[2].0.id);
     }
 
@@ -1252,7 +1399,10 @@ mod tests {
             ]
         );
         assert_eq!(c.jobs[3].1, Slot::Callback(Callback::OnFailure));
-        assert_eq!(c.workflows[0].0.callbacks, [(Callback::OnComplete, 'w'), (Callback::OnFailure, 'w')]);
+        assert_eq!(
+            c.workflows[0].0.callbacks,
+            [(Callback::OnComplete, 'w'), (Callback::OnFailure, 'w')]
+        );
         // Either list name is read for any kind.
         let g = laid_out(json!({"type": "group", "steps": [job("a")]}));
         assert_eq!(g.workflows[0].0.status, "p");
@@ -1268,7 +1418,13 @@ mod tests {
         let (root, child) = (&c.workflows[0].0, &c.workflows[1].0);
         assert_eq!(root.nested, [1]);
         assert_eq!(child.id, root.member_id(1));
-        assert_eq!(child.parent, Some(ParentRef { workflow_id: root.id.clone(), index: 1 }));
+        assert_eq!(
+            child.parent,
+            Some(ParentRef {
+                workflow_id: root.id.clone(),
+                index: 1
+            })
+        );
         assert_eq!(c.workflows[0].1.types, ["solo", "chain"]);
         assert_eq!(
             states(&c),
@@ -1283,7 +1439,9 @@ mod tests {
         let c = laid_out(json!({"type": "chain", "steps": [
             job("first"), {"type": "group", "jobs": [job("g0"), job("g1")]}]}));
         assert_eq!(c.workflows[1].0.status, "ww");
-        assert!(c.jobs[1..].iter().all(|(j, _)| j.state == JobState::Pending));
+        assert!(c.jobs[1..]
+            .iter()
+            .all(|(j, _)| j.state == JobState::Pending));
     }
 
     #[test]
@@ -1291,7 +1449,11 @@ mod tests {
         let step = |id: &str, deps: &[&str]| json!({"id": id, "type": format!("t.{id}"), "args": [], "depends_on": deps});
         let chain = parse(json!({"name": "g", "steps": [step("step-1", &["step-0"]), step("step-0", &[]), step("step-2", &["step-1"])]})).unwrap();
         assert_eq!(chain.kind, Kind::Chain);
-        let order: Vec<_> = chain.members.iter().map(|m| m.step_id.clone().unwrap()).collect();
+        let order: Vec<_> = chain
+            .members
+            .iter()
+            .map(|m| m.step_id.clone().unwrap())
+            .collect();
         assert_eq!(order, ["step-0", "step-1", "step-2"]);
         let group = parse(json!({"steps": [step("job-0", &[]), step("job-1", &[])]})).unwrap();
         assert_eq!(group.kind, Kind::Group);
@@ -1312,7 +1474,10 @@ mod tests {
     fn bad_workflows_are_refused_with_the_place_named() {
         assert!(refused(json!({"type": "chain", "steps": []})).contains("at least one"));
         assert!(refused(json!({"type": "batch", "jobs": [job("a")]})).contains("callback"));
-        assert!(refused(json!({"type": "group", "jobs": [job("a")], "callbacks": {"on_complete": job("c")}})).contains("Only a batch"));
+        assert!(refused(
+            json!({"type": "group", "jobs": [job("a")], "callbacks": {"on_complete": job("c")}})
+        )
+        .contains("Only a batch"));
         assert!(refused(json!({"type": "dag", "steps": [job("a")]})).contains("\"dag\""));
         assert!(refused(json!({"type": "chain", "steps": [{"type": "a"}]})).contains("args"));
         assert!(refused(json!({"type": "chain", "steps": [{"type": "a", "args": [], "options": {"scheduled_at": "+PT1S"}}]})).contains("scheduled_at"));
@@ -1334,7 +1499,10 @@ mod tests {
         let started = apply(&rec, &[(Slot::Member(0), Seen::Started)], now());
         assert_eq!(started.happened, [Happened::Started]);
         assert_eq!(started.record.status, "aw");
-        let done = vec![(Slot::Member(0), Seen::Completed(Some(vec![json!({"r": 1})])))];
+        let done = vec![(
+            Slot::Member(0),
+            Seen::Completed(Some(vec![json!({"r": 1})])),
+        )];
         let first = apply(&started.record, &done, now());
         assert_eq!(first.record.status, "cp");
         assert_eq!(
@@ -1348,24 +1516,39 @@ mod tests {
         // Seen again (a replay after a failover): nothing changes, nothing is started twice.
         let replay = apply(&first.record, &done, now());
         assert!(!replay.changed && replay.effects.is_empty() && replay.happened.is_empty());
-        let last = apply(&first.record, &[(Slot::Member(1), Seen::Completed(None))], now());
+        let last = apply(
+            &first.record,
+            &[(Slot::Member(1), Seen::Completed(None))],
+            now(),
+        );
         assert_eq!(last.record.state, WorkflowState::Completed);
         assert_eq!(last.record.completed(), 2);
-        assert_eq!(last.happened, [Happened::StepCompleted { index: 1 }, Happened::Completed]);
+        assert_eq!(
+            last.happened,
+            [Happened::StepCompleted { index: 1 }, Happened::Completed]
+        );
     }
 
     #[test]
     fn a_failed_chain_step_cancels_the_rest() {
         let rec = record(json!({"type": "chain", "steps": [job("a"), job("b"), job("c")]}));
-        let a = apply(&rec, &[(Slot::Member(0), Seen::Failed(Some(json!({"code": "x"}))))], now());
+        let a = apply(
+            &rec,
+            &[(Slot::Member(0), Seen::Failed(Some(json!({"code": "x"}))))],
+            now(),
+        );
         assert_eq!(a.record.state, WorkflowState::Failed);
         assert_eq!(a.record.status, "fxx");
         assert_eq!(a.record.failure.as_ref().unwrap().index, 0);
         assert_eq!(
             a.effects,
             [
-                Effect::Cancel { job_id: rec.member_id(1) },
-                Effect::Cancel { job_id: rec.member_id(2) }
+                Effect::Cancel {
+                    job_id: rec.member_id(1)
+                },
+                Effect::Cancel {
+                    job_id: rec.member_id(2)
+                }
             ]
         );
         assert_eq!(a.happened, [Happened::Failed { index: Some(0) }]);
@@ -1376,11 +1559,18 @@ mod tests {
         let rec = record(json!({"type": "group", "jobs": [job("a"), job("b"), job("c")]}));
         let a = apply(
             &rec,
-            &[(Slot::Member(1), Seen::Failed(None)), (Slot::Member(0), Seen::Completed(None))],
+            &[
+                (Slot::Member(1), Seen::Failed(None)),
+                (Slot::Member(0), Seen::Completed(None)),
+            ],
             now(),
         );
         assert_eq!(a.record.state, WorkflowState::Running);
-        let b = apply(&a.record, &[(Slot::Member(2), Seen::Completed(None))], now());
+        let b = apply(
+            &a.record,
+            &[(Slot::Member(2), Seen::Completed(None))],
+            now(),
+        );
         assert_eq!(b.record.state, WorkflowState::Failed);
         assert_eq!((b.record.completed(), b.record.failed()), (2, 1));
     }
@@ -1390,24 +1580,45 @@ mod tests {
         let body = json!({"type": "batch", "jobs": [job("a"), job("b")],
             "callbacks": {"on_complete": job("c"), "on_success": job("s"), "on_failure": job("f")}});
         let rec = record(body);
-        let all = [(Slot::Member(0), Seen::Completed(None)), (Slot::Member(1), Seen::Failed(None))];
+        let all = [
+            (Slot::Member(0), Seen::Completed(None)),
+            (Slot::Member(1), Seen::Failed(None)),
+        ];
         let a = apply(&rec, &all, now());
         let id = |c| rec.callback_id(c);
         assert_eq!(
             a.effects,
             [
-                Effect::Activate { job_id: id(Callback::OnComplete), results: Results::OfMembers },
-                Effect::Cancel { job_id: id(Callback::OnSuccess) },
-                Effect::Activate { job_id: id(Callback::OnFailure), results: Results::OfMembers },
+                Effect::Activate {
+                    job_id: id(Callback::OnComplete),
+                    results: Results::OfMembers
+                },
+                Effect::Cancel {
+                    job_id: id(Callback::OnSuccess)
+                },
+                Effect::Activate {
+                    job_id: id(Callback::OnFailure),
+                    results: Results::OfMembers
+                },
             ]
         );
         assert!(apply(&a.record, &all, now()).effects.is_empty());
-        let one = apply(&a.record, &[(Slot::Callback(Callback::OnComplete), Seen::Completed(None))], now());
+        let one = apply(
+            &a.record,
+            &[(Slot::Callback(Callback::OnComplete), Seen::Completed(None))],
+            now(),
+        );
         assert_eq!(one.record.state, WorkflowState::Running);
-        let both = apply(&one.record, &[(Slot::Callback(Callback::OnFailure), Seen::Completed(None))], now());
+        let both = apply(
+            &one.record,
+            &[(Slot::Callback(Callback::OnFailure), Seen::Completed(None))],
+            now(),
+        );
         assert_eq!(both.record.state, WorkflowState::Completed);
         // Only on_success, and a member failed: nothing to wait for, the batch failed.
-        let only = record(json!({"type": "batch", "jobs": [job("a")], "callbacks": {"on_success": job("s")}}));
+        let only = record(
+            json!({"type": "batch", "jobs": [job("a")], "callbacks": {"on_success": job("s")}}),
+        );
         let a = apply(&only, &[(Slot::Member(0), Seen::Failed(None))], now());
         assert_eq!(a.record.state, WorkflowState::Failed);
     }
@@ -1421,17 +1632,37 @@ mod tests {
         assert_eq!(
             a.effects,
             [Effect::Report {
-                parent: ParentRef { workflow_id: root.id.clone(), index: 0 },
+                parent: ParentRef {
+                    workflow_id: root.id.clone(),
+                    index: 0
+                },
                 seen: Seen::Completed(None)
             }]
         );
         let up = apply(root, &[(Slot::Member(0), Seen::Completed(None))], now());
-        assert_eq!(up.effects, [Effect::Activate { job_id: root.member_id(1), results: Results::None }]);
+        assert_eq!(
+            up.effects,
+            [Effect::Activate {
+                job_id: root.member_id(1),
+                results: Results::None
+            }]
+        );
         // A nested workflow waiting as a later step is begun, not activated.
-        let c = laid_out(json!({"type": "chain", "steps": [job("first"), {"type": "group", "jobs": [job("g")]}]}));
+        let c = laid_out(
+            json!({"type": "chain", "steps": [job("first"), {"type": "group", "jobs": [job("g")]}]}),
+        );
         let root = &c.workflows[0].0;
-        let a = apply(root, &[(Slot::Member(0), Seen::Completed(Some(vec![])))], now());
-        assert_eq!(a.effects, [Effect::Begin { workflow_id: root.member_id(1) }]);
+        let a = apply(
+            root,
+            &[(Slot::Member(0), Seen::Completed(Some(vec![])))],
+            now(),
+        );
+        assert_eq!(
+            a.effects,
+            [Effect::Begin {
+                workflow_id: root.member_id(1)
+            }]
+        );
     }
 
     #[test]
@@ -1443,9 +1674,16 @@ mod tests {
         assert_eq!(a.effects.len(), 2);
         // The timer's repair after a cancel cut short repeats both cancellations.
         assert_eq!(cancellations(&a.record), a.effects);
-        assert_eq!(cancel(&a.record, now()).unwrap_err().code, ErrorCode::Conflict);
+        assert_eq!(
+            cancel(&a.record, now()).unwrap_err().code,
+            ErrorCode::Conflict
+        );
         // A member finishing afterwards is recorded and starts nothing.
-        let after = apply(&a.record, &[(Slot::Member(0), Seen::Completed(Some(vec![])))], now());
+        let after = apply(
+            &a.record,
+            &[(Slot::Member(0), Seen::Completed(Some(vec![])))],
+            now(),
+        );
         assert_eq!(after.record.status, "cx");
         assert!(after.effects.is_empty());
     }

@@ -10,6 +10,7 @@ mod extract;
 mod jobs;
 mod system;
 mod workers;
+mod workflows;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,7 +74,12 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/ojs/v1/events", get(events::list))
         .route("/ojs/v1/cron", post(cron::register).get(cron::list))
-        .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete));
+        .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete))
+        .route("/ojs/v1/workflows", post(workflows::create))
+        .route(
+            "/ojs/v1/workflows/{id}",
+            get(workflows::get).delete(workflows::cancel),
+        );
     if state.config.allow_reset {
         api = api.route("/ojs/v1/admin/reset", post(admin::reset));
     }

@@ -27,11 +27,16 @@ impl Store {
     /// over the server's payload limit, 429 `queue_full` when its timers would pass
     /// `max_pending_timers`, `backend_error` when NATS fails.
     pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Vec<Job>, OjsError> {
-        let now = Utc::now();
-        let records: Vec<JobRecord> = jobs
+        let records = jobs
             .into_iter()
             .map(|job| JobRecord::created(job, None))
             .collect();
+        self.create_jobs(records).await
+    }
+
+    /// PUSH of records made ready (the jobs of a workflow carry their place in it).
+    pub(super) async fn create_jobs(&self, records: Vec<JobRecord>) -> Result<Vec<Job>, OjsError> {
+        let now = Utc::now();
         let mut encoded = Vec::with_capacity(records.len());
         let max_job = self.max_job_bytes();
         for (index, rec) in records.iter().enumerate() {

@@ -20,6 +20,7 @@ mod timers;
 pub mod topology;
 mod transitions;
 mod workers;
+mod workflows;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +47,7 @@ pub use records::Settled;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
 pub use workers::{BeatReply, WorkerRecord, WorkerState};
+pub use workflows::WorkflowView;
 
 /// Unacknowledged JetStream publishes allowed at once. async-nats makes a publish wait when
 /// its cap is reached; a batch PUSH publishes all its queue messages before awaiting any
@@ -76,6 +78,8 @@ struct Inner {
     coordinator: kv::Store,
     workers: kv::Store,
     cron_kv: kv::Store,
+    /// Workflow records and plans (`workflows.rs`).
+    workflows: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
     queues: QueueRegistry,
@@ -171,6 +175,14 @@ impl Store {
         .await?;
         let cron_kv =
             ensure_bucket(&js, &topology, &topology.cron_bucket(), 1, Duration::ZERO).await?;
+        let workflows = ensure_bucket(
+            &js,
+            &topology,
+            &topology.workflows_bucket(),
+            1,
+            Duration::ZERO,
+        )
+        .await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
         let handled =
             handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
@@ -217,6 +229,7 @@ impl Store {
                 coordinator,
                 workers,
                 cron_kv,
+                workflows,
                 cron,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),

@@ -39,6 +39,8 @@ pub enum TimerKind {
     Worker,
     /// A waiting job's `expires_at` passes.
     Expire,
+    /// A workflow's creation or cancel should have finished; `id` is the workflow id.
+    Workflow,
 }
 
 /// A due time for one dispatch (and attempt) of one job, or for one worker.
@@ -213,6 +215,7 @@ impl Store {
                 .map(drop),
             TimerKind::Deadline => self.fire_deadline(timer).await,
             TimerKind::Worker => self.worker_expired(&timer.id).await,
+            TimerKind::Workflow => self.workflow_timer_fired(&timer.id).await,
             TimerKind::Expire => self
                 .transition(&timer.id, |rec, now| Ok(lifecycle::expire(rec, now)))
                 .await

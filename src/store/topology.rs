@@ -48,6 +48,10 @@ impl Topology {
         format!("{}-workers", self.namespace)
     }
 
+    pub fn workflows_bucket(&self) -> String {
+        format!("{}-workflows", self.namespace)
+    }
+
     pub fn leases_bucket(&self) -> String {
         format!("{}-leases", self.namespace)
     }

@@ -9,7 +9,7 @@ use tracing::warn;
 use super::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use super::records::Settled;
 use super::Store;
-use crate::domain::error::OjsError;
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle::{self, Failure};
 use crate::domain::state::JobState;
@@ -71,7 +71,17 @@ impl Store {
     /// 404 unknown job; 409 when it is not pending.
     pub async fn activate(&self, id: &str) -> Result<Job, OjsError> {
         let settled = self
-            .transition(id, |rec, now| lifecycle::activate(rec, now).map(Some))
+            .transition(id, |rec, now| {
+                if rec.job.workflow_id.is_some() {
+                    return Err(OjsError::new(
+                        ErrorCode::Conflict,
+                        format!(
+                            "Job {id} belongs to a workflow, which starts it when its turn comes."
+                        ),
+                    ));
+                }
+                lifecycle::activate(rec, now).map(Some)
+            })
             .await?;
         Ok(settled.after.job)
     }

@@ -1,0 +1,423 @@
+//! Workflows in JetStream (architecture §3.16): a record and a plan per workflow in the
+//! workflows bucket, every member job an ordinary job record. A creation writes the
+//! records, then the jobs, then marks the root ready; the leader moves workflows on from
+//! the job writes it reads for events (`advance_workflows`); a `workflow` timer repairs a
+//! creation or a cancel cut short.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::future::join_all;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::cas::{self, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
+use super::error::backend;
+use super::timers::{Timer, TimerKind};
+use super::Store;
+use crate::domain::envelope::{parse_job_id, too_large};
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::JobRecord;
+use crate::domain::lifecycle;
+use crate::domain::time;
+use crate::domain::workflow::{
+    self, Advance, Effect, Plan, Request, Results, Seen, Slot, WorkflowRecord, WorkflowState,
+};
+
+/// How long a creation or a cancel may take before the workflow's timer repairs it.
+const WORKFLOW_GRACE: Duration = Duration::from_secs(30);
+
+/// Member records read at once when a batch callback gathers its parents' results.
+const READS_AT_ONCE: usize = 256;
+
+/// A workflow as GET shows it: its record and what names its members.
+#[derive(Debug, Clone)]
+pub struct WorkflowView {
+    pub record: WorkflowRecord,
+    pub plan: Plan,
+}
+
+fn plan_key(id: &str) -> String {
+    format!("{id}.plan")
+}
+
+impl Store {
+    /// Creates a workflow (workflows spec §11.1): the `workflow` timer, the records (root
+    /// first) and plans, the jobs (those that start at once available), then the root
+    /// marked ready.
+    ///
+    /// # Errors
+    /// 400 for an invalid job, 413 for a workflow too large to store, 503 when NATS fails
+    /// (the timer then cancels whatever was created).
+    pub async fn create_workflow(&self, request: &Request) -> Result<WorkflowView, OjsError> {
+        let now = Utc::now();
+        let creation = workflow::plan(request, Uuid::now_v7(), now)?;
+        let max = self.inner.max_record_bytes;
+        let mut encoded = Vec::with_capacity(creation.workflows.len());
+        for (rec, plan) in &creation.workflows {
+            let (rec_bytes, plan_bytes) = (
+                rec.to_bytes(),
+                serde_json::to_vec(plan).expect("plans serialize"),
+            );
+            for (what, len) in [
+                ("workflow", rec_bytes.len()),
+                ("workflow plan", plan_bytes.len()),
+            ] {
+                if len > max {
+                    return Err(too_large(what, len, max));
+                }
+            }
+            encoded.push((rec.id.clone(), rec_bytes, plan_bytes));
+        }
+        let root = creation.workflows[0].clone();
+        self.send_timer(&workflow_timer(&root.0.id, now))
+            .await?
+            .await
+            .map_err(backend("publishing a timer"))?;
+        let kv = &self.inner.workflows;
+        for (id, rec_bytes, plan_bytes) in encoded {
+            for (key, bytes) in [(plan_key(&id), plan_bytes), (id, rec_bytes)] {
+                if let Cas::Refused(_) =
+                    cas::write(kv, &key, bytes.into(), 0, "creating a workflow").await?
+                {
+                    return Err(OjsError::backend(format!(
+                        "Workflow key {key} exists already."
+                    )));
+                }
+            }
+        }
+        self.failpoint("workflow.recorded").await;
+        let records = creation
+            .jobs
+            .into_iter()
+            .map(|(job, slot)| JobRecord::created(job, Some(slot)))
+            .collect();
+        self.create_jobs(records).await?;
+        self.failpoint("workflow.jobs_created").await;
+        let root_id = root.0.id.clone();
+        let ready = cas::change(
+            kv,
+            &root_id,
+            "workflow",
+            &root_id,
+            |r: Option<&WorkflowRecord>| {
+                r.filter(|r| !r.ready && r.state == WorkflowState::Running)
+                    .map(|r| WorkflowRecord {
+                        ready: true,
+                        ..r.clone()
+                    })
+            },
+        )
+        .await?;
+        match ready.value {
+            Some(record) if record.ready => Ok(WorkflowView {
+                record,
+                plan: root.1,
+            }),
+            _ => Err(OjsError::new(
+                ErrorCode::BackendUnavailable,
+                format!("Creating workflow {root_id} took longer than {} s and it was cancelled; retry.", WORKFLOW_GRACE.as_secs()),
+            )),
+        }
+    }
+
+    /// GET of a workflow: two reads whatever its size.
+    ///
+    /// # Errors
+    /// 404 for an unknown id.
+    pub async fn workflow(&self, id: &str) -> Result<WorkflowView, OjsError> {
+        let missing = || OjsError::not_found("workflow", id);
+        if parse_job_id(id).is_none() {
+            return Err(missing());
+        }
+        let kv = &self.inner.workflows;
+        let record = cas::read::<WorkflowRecord>(kv, id, Replica::Nearest, "workflow")
+            .await?
+            .value
+            .ok_or_else(missing)?;
+        let plan = cas::read::<Plan>(kv, &plan_key(id), Replica::Nearest, "workflow plan")
+            .await?
+            .value
+            .ok_or_else(missing)?;
+        Ok(WorkflowView { record, plan })
+    }
+
+    /// CANCEL of a workflow (workflows spec §11.3): the workflow timer first (it finishes a
+    /// cancel cut short), the record `cancelled`, then every member that has not started.
+    /// Gives the workflow and how many members were cancelled.
+    ///
+    /// # Errors
+    /// 404 for an unknown id, 409 when the workflow already ended.
+    pub async fn cancel_workflow(&self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
+        let view = self.workflow(id).await?;
+        if view.record.state.is_terminal() {
+            return Err(workflow::cancel(&view.record, Utc::now()).unwrap_err());
+        }
+        self.send_timer(&workflow_timer(id, Utc::now()))
+            .await?
+            .await
+            .map_err(backend("publishing a timer"))?;
+        let kv = &self.inner.workflows;
+        let mut raced = None;
+        for round in 0..MAX_CAS_ATTEMPTS {
+            let current =
+                cas::read::<WorkflowRecord>(kv, id, Replica::after(raced.is_some()), "workflow")
+                    .await?;
+            let record = current
+                .value
+                .ok_or_else(|| OjsError::not_found("workflow", id))?;
+            let cancelled = workflow::cancel(&record, Utc::now())?;
+            match cas::write(
+                kv,
+                id,
+                cancelled.record.to_bytes().into(),
+                current.revision,
+                "cancelling a workflow",
+            )
+            .await?
+            {
+                Cas::Written(_) => {
+                    let count = self.carry_out(&cancelled.record, cancelled.effects).await?;
+                    return Ok((
+                        WorkflowView {
+                            record: cancelled.record,
+                            plan: view.plan,
+                        },
+                        count,
+                    ));
+                }
+                Cas::Refused(why) => {
+                    raced = Some(why);
+                    pause_after(why, round).await;
+                }
+            }
+        }
+        Err(cas::gave_up("workflow", id, raced))
+    }
+
+    /// The workflow timer fired (leader): a root never marked ready was abandoned by its
+    /// creation and is cancelled; a cancelled workflow has its cancellations repeated.
+    pub(super) async fn workflow_timer_fired(&self, id: &str) -> Result<(), OjsError> {
+        let kv = &self.inner.workflows;
+        let Some(record) = cas::read::<WorkflowRecord>(kv, id, Replica::Leader, "workflow")
+            .await?
+            .value
+        else {
+            return Ok(());
+        };
+        if record.state == WorkflowState::Cancelled {
+            self.carry_out(&record, workflow::cancellations(&record))
+                .await?;
+        } else if !record.ready && record.state == WorkflowState::Running {
+            tracing::warn!(
+                workflow_id = id,
+                "a workflow's creation was cut short; cancelling it"
+            );
+            self.cancel_nested(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Leader: moves each workflow on by what its members' writes showed, in order, one
+    /// read and one compare-and-set per workflow.
+    ///
+    /// # Errors
+    /// When NATS fails; everything done so far is idempotent, so the caller repeats it.
+    pub async fn advance_workflows(&self, seen: &[(String, Slot, Seen)]) -> Result<(), OjsError> {
+        let mut order: Vec<&str> = Vec::new();
+        let mut by_workflow: HashMap<&str, Vec<(Slot, Seen)>> = HashMap::new();
+        for (id, slot, what) in seen {
+            by_workflow
+                .entry(id.as_str())
+                .or_insert_with(|| {
+                    order.push(id.as_str());
+                    Vec::new()
+                })
+                .push((*slot, what.clone()));
+        }
+        for id in order {
+            self.apply_seen(id, &by_workflow[id]).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_seen(&self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
+        self.decide(id, |rec| workflow::apply(rec, seen, Utc::now()))
+            .await
+    }
+
+    /// Begins a nested workflow that waited as a later chain step.
+    async fn begin_nested(&self, id: &str) -> Result<(), OjsError> {
+        self.decide(id, workflow::begin).await
+    }
+
+    /// Cancels a nested (or abandoned) workflow, unless it already ended.
+    async fn cancel_nested(&self, id: &str) -> Result<(), OjsError> {
+        self.decide(id, |rec| {
+            workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance {
+                record: rec.clone(),
+                changed: false,
+                effects: Vec::new(),
+                happened: Vec::new(),
+            })
+        })
+        .await
+    }
+
+    /// Read, decide, then — when anything changed — publish the events and carry out the
+    /// effects before the compare-and-set, so that a crash anywhere leaves the decision to
+    /// be made again, the same way (architecture §3.16).
+    async fn decide<F>(&self, id: &str, decide: F) -> Result<(), OjsError>
+    where
+        F: Fn(&WorkflowRecord) -> Advance,
+    {
+        let kv = &self.inner.workflows;
+        let mut raced = None;
+        for round in 0..MAX_CAS_ATTEMPTS {
+            let current =
+                cas::read::<WorkflowRecord>(kv, id, Replica::after(raced.is_some()), "workflow")
+                    .await?;
+            let Some(record) = current.value else {
+                return Ok(()); // never created, or removed: nothing to move on
+            };
+            let advance = decide(&record);
+            if !advance.changed {
+                return Ok(());
+            }
+            if !advance.happened.is_empty() {
+                let plan = cas::read::<Plan>(kv, &plan_key(id), Replica::Nearest, "workflow plan")
+                    .await?
+                    .value;
+                let now = Utc::now();
+                let events: Vec<_> = advance
+                    .happened
+                    .iter()
+                    .map(|h| {
+                        workflow::event(&advance.record, plan.as_ref(), h, self.event_source(), now)
+                    })
+                    .collect();
+                self.publish_events(&events).await?;
+            }
+            self.carry_out(&advance.record, advance.effects).await?;
+            self.failpoint("workflow.effects_done").await;
+            match cas::write(
+                kv,
+                id,
+                advance.record.to_bytes().into(),
+                current.revision,
+                "writing a workflow",
+            )
+            .await?
+            {
+                Cas::Written(_) => return Ok(()),
+                Cas::Refused(why) => {
+                    raced = Some(why);
+                    pause_after(why, round).await;
+                }
+            }
+        }
+        Err(cas::gave_up("workflow", id, raced))
+    }
+
+    /// Carries out effects in order; gives how many jobs were cancelled.
+    async fn carry_out(
+        &self,
+        rec: &WorkflowRecord,
+        effects: Vec<Effect>,
+    ) -> Result<usize, OjsError> {
+        let mut cancelled = 0;
+        for effect in effects {
+            match effect {
+                Effect::Activate { job_id, results } => {
+                    let parent_results = match results {
+                        Results::None => None,
+                        Results::Given(list) => Some(Value::Array(list)),
+                        Results::OfMembers => Some(self.member_results(rec).await?),
+                    };
+                    let activated = self
+                        .transition(&job_id, |job, now| {
+                            Ok(lifecycle::activate_member(job, now, parent_results.clone()))
+                        })
+                        .await;
+                    match activated {
+                        // Results too large to pass: the job starts without them.
+                        Err(err) if err.code == ErrorCode::EnvelopeTooLarge => {
+                            self.transition(&job_id, |job, now| {
+                                Ok(lifecycle::activate_member(job, now, None))
+                            })
+                            .await
+                            .map(drop)
+                            .or_else(missing_is_done)?;
+                        }
+                        other => other.map(drop).or_else(missing_is_done)?,
+                    }
+                }
+                Effect::Cancel { job_id } => {
+                    let settled = self
+                        .transition(&job_id, |job, now| Ok(lifecycle::withdraw(job, now)))
+                        .await;
+                    match settled {
+                        Ok(s) if s.after.job.state != s.before.job.state => {
+                            cancelled += 1;
+                            self.release(&s).await;
+                        }
+                        other => other.map(drop).or_else(missing_is_done)?,
+                    }
+                }
+                Effect::Begin { workflow_id } => Box::pin(self.begin_nested(&workflow_id)).await?,
+                Effect::CancelWorkflow { workflow_id } => {
+                    Box::pin(self.cancel_nested(&workflow_id)).await?;
+                }
+                Effect::Report { parent, seen } => {
+                    let seen = [(Slot::Member(parent.index), seen)];
+                    Box::pin(self.apply_seen(&parent.workflow_id, &seen)).await?;
+                }
+            }
+        }
+        Ok(cancelled)
+    }
+
+    /// Every member's result in order (`null` for a nested workflow or a member without
+    /// one): what a batch callback receives.
+    async fn member_results(&self, rec: &WorkflowRecord) -> Result<Value, OjsError> {
+        let mut results = Vec::with_capacity(rec.members());
+        let ids: Vec<(usize, String)> = (0..rec.members()).map(|i| (i, rec.member_id(i))).collect();
+        for chunk in ids.chunks(READS_AT_ONCE) {
+            let reads = chunk.iter().map(|(i, id)| async move {
+                if rec.is_nested(*i) {
+                    return Ok(Value::Null);
+                }
+                Ok::<_, OjsError>(
+                    self.read(id, Replica::Nearest)
+                        .await?
+                        .and_then(|(r, _)| r.job.result)
+                        .unwrap_or(Value::Null),
+                )
+            });
+            for r in join_all(reads).await {
+                results.push(r?);
+            }
+        }
+        Ok(Value::Array(results))
+    }
+}
+
+/// A member job that no longer exists (pruned) needs nothing more.
+fn missing_is_done(err: OjsError) -> Result<(), OjsError> {
+    if err.code == ErrorCode::NotFound {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+fn workflow_timer(id: &str, now: chrono::DateTime<Utc>) -> Timer {
+    Timer {
+        id: id.to_owned(),
+        kind: TimerKind::Workflow,
+        dispatch: 0,
+        attempt: 0,
+        due: time::add(now, WORKFLOW_GRACE),
+    }
+}

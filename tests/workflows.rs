@@ -1,0 +1,347 @@
+//! Workflows (workflows spec; architecture §3.16) through the HTTP API: chains pass results
+//! on, groups and batches end when their members do, callbacks fire once, cancel withdraws
+//! what has not started, and the events say so.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, spawn_app, NatsServer, TestApp};
+use serde_json::{json, Value};
+
+fn job(t: &str, queue: &str) -> Value {
+    json!({"type": t, "args": [], "options": {"queue": queue}})
+}
+
+async fn create(app: &TestApp, body: Value) -> Value {
+    let r = app.post("/ojs/v1/workflows", body).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    r.body["workflow"].clone()
+}
+
+async fn workflow(app: &TestApp, id: &str) -> Value {
+    let r = app.get(&format!("/ojs/v1/workflows/{id}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["workflow"].clone()
+}
+
+/// Fetches one job of `queue`, waiting up to 5 s for it.
+async fn next(app: &TestApp, queue: &str) -> Value {
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": [queue], "worker_id": "w", "wait_ms": 5000}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1, "{}", r.body);
+    r.body["jobs"][0].clone()
+}
+
+async fn none_in(app: &TestApp, queue: &str) {
+    assert_eq!(app.fetch(&[queue], "w").await, Vec::<Value>::new());
+}
+
+async fn ack(app: &TestApp, job: &Value, result: Value) {
+    let r = app
+        .ack(json!({"job_id": job["id"], "worker_id": "w", "result": result}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+async fn ends(app: &TestApp, id: &str, state: &str) -> Value {
+    eventually(Duration::from_secs(5), "the workflow to end", || async {
+        let w = workflow(app, id).await;
+        (w["state"] == state).then_some(w)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_chain_passes_every_earlier_result_on_also_across_a_retry() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let w = create(
+        &app,
+        json!({"type": "chain", "name": "pipeline", "steps": [
+            job("extract", "c"), job("transform", "c"), job("load", "c")]}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    assert_eq!(w["state"], "running");
+    assert_eq!(w["steps"][0]["state"], "pending");
+    assert_eq!(w["steps"][1]["state"], "waiting");
+
+    let first = next(&app, "c").await;
+    assert_eq!(first["type"], "extract");
+    assert_eq!(first["workflow_id"], id.as_str());
+    none_in(&app, "c").await; // the next step waits for this one
+    ack(&app, &first, json!({"rows": 3})).await;
+
+    let second = next(&app, "c").await;
+    assert_eq!(second["type"], "transform");
+    assert_eq!(second["parent_results"], json!([{"rows": 3}]));
+    let r = app
+        .fail(json!({"job_id": second["id"], "worker_id": "w",
+            "error": {"code": "flaky", "message": "try again"}}))
+        .await;
+    assert_eq!(r.body["state"], "retryable", "{}", r.body);
+    let again = eventually(Duration::from_secs(10), "the retry", || async {
+        let jobs = app.fetch(&["c"], "w").await;
+        jobs.into_iter().next()
+    })
+    .await;
+    assert_eq!(again["id"], second["id"]);
+    assert_eq!(again["attempt"], 2);
+    assert_eq!(again["parent_results"], json!([{"rows": 3}]));
+    ack(&app, &again, json!("clean")).await;
+
+    let third = next(&app, "c").await;
+    assert_eq!(third["parent_results"], json!([{"rows": 3}, "clean"]));
+    ack(&app, &third, json!(null)).await;
+
+    let done = ends(&app, &id, "completed").await;
+    assert_eq!(done["steps_completed"], 3);
+    assert_eq!(done["metadata"]["completed_count"], 3);
+    let states: Vec<&Value> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["state"])
+        .collect();
+    assert_eq!(states, ["completed", "completed", "completed"]);
+
+    let events = eventually(Duration::from_secs(5), "the workflow events", || async {
+        let r = app
+            .get("/ojs/v1/events?types=workflow.started,workflow.step_completed,workflow.completed")
+            .await;
+        let events = r.body["events"].as_array().cloned().unwrap_or_default();
+        (events.len() == 5).then_some(events)
+    })
+    .await;
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        [
+            "workflow.started",
+            "workflow.step_completed",
+            "workflow.step_completed",
+            "workflow.step_completed",
+            "workflow.completed"
+        ]
+    );
+    assert!(events
+        .iter()
+        .all(|e| e["data"]["workflow_id"] == id.as_str()));
+}
+
+#[tokio::test]
+async fn a_batch_through_two_gateways_fires_each_callback_once() {
+    const JOBS: usize = 300;
+    let nats = NatsServer::start();
+    let apps = [spawn_app(&nats.url).await, spawn_app(&nats.url).await];
+    let jobs: Vec<Value> = (0..JOBS)
+        .map(|i| json!({"type": "send", "args": [i], "options": {"queue": "b"}}))
+        .collect();
+    let w = create(
+        &apps[0],
+        json!({"type": "batch", "jobs": jobs, "callbacks": {
+            "on_complete": job("report", "cb-complete"),
+            "on_success": job("celebrate", "cb-success"),
+            "on_failure": job("alert", "cb-failure")}}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    assert_eq!(w["jobs_total"], JOBS);
+
+    // Eight workers, half through each gateway, ACK everything with the job's argument.
+    let work = (0..8).map(|n| {
+        let app = &apps[n % 2];
+        async move {
+            loop {
+                let r = app
+                    .post(
+                        "/ojs/v1/workers/fetch",
+                        json!({"queues": ["b"], "worker_id": "w", "count": 20}),
+                    )
+                    .await;
+                let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
+                if batch.is_empty() {
+                    return;
+                }
+                for j in batch {
+                    ack(app, &j, j["args"][0].clone()).await;
+                }
+            }
+        }
+    });
+    futures::future::join_all(work).await;
+
+    let report = next(&apps[1], "cb-complete").await;
+    let celebrate = next(&apps[0], "cb-success").await;
+    let expected: Vec<Value> = (0..JOBS).map(|i| json!(i)).collect();
+    assert_eq!(report["parent_results"], Value::Array(expected.clone()));
+    assert_eq!(celebrate["parent_results"], Value::Array(expected));
+    for app in &apps {
+        none_in(app, "cb-complete").await;
+        none_in(app, "cb-success").await;
+        none_in(app, "cb-failure").await;
+    }
+    let running = workflow(&apps[0], &id).await;
+    assert_eq!(running["state"], "running"); // until its callbacks end
+    assert_eq!(running["jobs_completed"], JOBS);
+    assert_eq!(running["callbacks"]["on_failure"]["state"], "skipped");
+    ack(&apps[0], &report, json!(null)).await;
+    ack(&apps[1], &celebrate, json!(null)).await;
+    let done = ends(&apps[1], &id, "completed").await;
+    assert_eq!(
+        (
+            done["jobs_completed"].as_u64(),
+            done["jobs_failed"].as_u64()
+        ),
+        (Some(JOBS as u64), Some(0))
+    );
+}
+
+#[tokio::test]
+async fn a_group_ends_with_its_last_member_and_a_nested_chain_counts_as_one() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let w = create(
+        &app,
+        json!({"type": "group", "jobs": [
+            {"type": "fragile", "args": [], "options": {"queue": "g", "retry": {"max_attempts": 1}}},
+            {"type": "chain", "steps": [job("s0", "g-chain"), job("s1", "g-chain")]}]}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    assert_eq!(w["steps"][1]["type"], "chain");
+
+    let fragile = next(&app, "g").await;
+    let r = app
+        .fail(json!({"job_id": fragile["id"], "worker_id": "w", "error": {"code": "x", "message": "gone"}}))
+        .await;
+    assert_eq!(r.body["state"], "discarded", "{}", r.body);
+    let s0 = next(&app, "g-chain").await;
+    ack(&app, &s0, json!("a")).await;
+    assert_eq!(workflow(&app, &id).await["state"], "running");
+    let s1 = next(&app, "g-chain").await;
+    assert_eq!(s1["parent_results"], json!(["a"]));
+    ack(&app, &s1, json!("b")).await;
+
+    let done = ends(&app, &id, "failed").await;
+    assert_eq!(done["jobs_completed"], 1);
+    assert_eq!(done["jobs_failed"], 1);
+    assert_eq!(done["steps"][0]["state"], "failed");
+    assert_eq!(done["steps"][1]["state"], "completed");
+    assert_eq!(done["error"]["failed_step_index"], 0);
+}
+
+#[tokio::test]
+async fn cancel_withdraws_what_has_not_started_and_lets_a_running_step_finish() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let w = create(
+        &app,
+        json!({"type": "chain", "steps": [job("a", "x"), job("b", "x"), job("c", "x")]}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    let running = next(&app, "x").await;
+
+    let r = app.delete(&format!("/ojs/v1/workflows/{id}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["workflow"]["state"], "cancelled");
+    assert_eq!(r.body["workflow"]["steps_cancelled"], 2);
+    app.delete(&format!("/ojs/v1/workflows/{id}"))
+        .await
+        .assert_error(409, "conflict");
+
+    ack(&app, &running, json!("done anyway")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    none_in(&app, "x").await;
+    let w = eventually(
+        Duration::from_secs(5),
+        "the finished step recorded",
+        || async {
+            let w = workflow(&app, &id).await;
+            (w["steps"][0]["state"] == "completed").then_some(w)
+        },
+    )
+    .await;
+    assert_eq!(w["state"], "cancelled");
+    assert_eq!(w["steps"][1]["state"], "cancelled");
+    assert_eq!(
+        app.job(w["steps"][2]["job_id"].as_str().unwrap()).await["state"],
+        "cancelled"
+    );
+}
+
+#[tokio::test]
+async fn bad_workflows_and_unknown_ids_get_the_spec_errors() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"type": "batch", "jobs": [job("a", "q")]}),
+        )
+        .await;
+    r.assert_error(400, "invalid_request");
+    assert_eq!(
+        r.body["error"]["details"]["validation_errors"][0]["path"],
+        "$.callbacks"
+    );
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"type": "chain", "steps": [{"type": "a"}]}),
+        )
+        .await;
+    r.assert_error(400, "invalid_request");
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("$.steps[0]"),
+        "{}",
+        r.body
+    );
+    let unknown = "01967a3e-0000-7000-8000-000000000001";
+    app.get(&format!("/ojs/v1/workflows/{unknown}"))
+        .await
+        .assert_error(404, "not_found");
+    app.get("/ojs/v1/workflows/not-an-id")
+        .await
+        .assert_error(404, "not_found");
+    app.delete(&format!("/ojs/v1/workflows/{unknown}"))
+        .await
+        .assert_error(404, "not_found");
+
+    // A workflow starts its own jobs: a client cannot activate a waiting step.
+    let w = create(
+        &app,
+        json!({"type": "chain", "steps": [job("a", "q"), job("b", "q")]}),
+    )
+    .await;
+    let waiting = w["steps"][1]["job_id"].as_str().unwrap();
+    assert_eq!(app.job(waiting).await["state"], "pending");
+    app.post(&format!("/ojs/v1/jobs/{waiting}/activate"), json!({}))
+        .await
+        .assert_error(409, "conflict");
+    // The step-graph form of the Python client, read as a chain; the answer carries the
+    // workflow at the top level too, steps with both index and id.
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"name": "py", "steps": [
+                {"id": "step-0", "type": "a", "args": [], "depends_on": []},
+                {"id": "step-1", "type": "b", "args": [], "depends_on": ["step-0"]}]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["type"], "chain");
+    assert_eq!(r.body["name"], "py");
+    assert_eq!(r.body["steps"][1]["id"], "step-1");
+    assert_eq!(r.body["steps"][1]["index"], 1);
+}

@@ -327,6 +327,7 @@ impl Store {
             format!("KV_{}", t.queues_bucket()),
             format!("KV_{}", t.workers_bucket()),
             format!("KV_{}", t.cron_bucket()),
+            format!("KV_{}", t.workflows_bucket()),
             format!("KV_{}", t.coordinator_bucket()),
             t.events_stream(),
             t.timers_stream(),

@@ -367,3 +367,65 @@ async fn dead_letter_delete_killed_after_its_purge_leaves_the_job_gone() {
         assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
     }
 }
+
+/// Fetches and ACKs, through the healthy gateway, every job of `queue` that comes within
+/// `within`, in order; gives their types.
+async fn work_through(p: &Pair, within: Duration) -> Vec<String> {
+    let mut done = Vec::new();
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        let r = p
+            .healthy
+            .post("/ojs/v1/workers/fetch", fetch_body("w2", 500))
+            .await;
+        for j in r.body["jobs"].as_array().cloned().unwrap_or_default() {
+            let r = p
+                .healthy
+                .ack(json!({"job_id": j["id"], "worker_id": "w2", "result": j["type"]}))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            done.push(j["type"].as_str().unwrap().to_owned());
+        }
+    }
+    done
+}
+
+/// The leader died after a workflow decision's effects (the next chain step made
+/// available), before writing the workflow: the next leader replays the step's completion,
+/// makes the same decision — the step is already available, nothing is created twice —
+/// and the chain runs every step once, in order.
+#[tokio::test]
+async fn leader_killed_between_a_workflow_step_and_its_record_runs_every_step_once() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("workflow.effects_done", Leader::Armed).await;
+        let steps: Vec<Value> = ["s0", "s1", "s2"]
+            .iter()
+            .map(|t| json!({"type": t, "args": [], "options": {"queue": "fp"}}))
+            .collect();
+        let r = p
+            .healthy
+            .post(
+                "/ojs/v1/workflows",
+                json!({"type": "chain", "steps": steps}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let id = r.body["workflow"]["id"].as_str().unwrap().to_owned();
+        let r = p
+            .healthy
+            .post("/ojs/v1/workers/fetch", fetch_body("w2", 5000))
+            .await;
+        let first = r.body["jobs"][0].clone();
+        assert_eq!(first["type"], "s0", "{}", r.body);
+        let r = p
+            .healthy
+            .ack(json!({"job_id": first["id"], "worker_id": "w2", "result": "s0"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        p.died().await;
+        assert_eq!(work_through(&p, Duration::from_secs(6)).await, ["s1", "s2"]);
+        let w = p.healthy.get(&format!("/ojs/v1/workflows/{id}")).await;
+        assert_eq!(w.body["workflow"]["state"], "completed", "{}", w.body);
+        assert_eq!(w.body["workflow"]["steps_completed"], 3);
+    }
+}

@@ -49,6 +49,34 @@ async fn ack(app: &TestApp, job: &Value, result: Value) {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// Sixteen workers, half through each gateway, fetch and ACK (with the job's first
+/// argument as result) until `queue` stays empty.
+async fn work_off(apps: &[TestApp], queue: &str) -> usize {
+    let work = (0..16).map(|n| {
+        let app = &apps[n % apps.len()];
+        async move {
+            let mut done = 0;
+            loop {
+                let r = app
+                    .post(
+                        "/ojs/v1/workers/fetch",
+                        json!({"queues": [queue], "worker_id": "w", "count": 50, "wait_ms": 300}),
+                    )
+                    .await;
+                let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
+                if batch.is_empty() {
+                    return done;
+                }
+                for j in batch {
+                    ack(app, &j, j["args"][0].clone()).await;
+                    done += 1;
+                }
+            }
+        }
+    });
+    futures::future::join_all(work).await.into_iter().sum()
+}
+
 async fn ends(app: &TestApp, id: &str, state: &str) -> Value {
     eventually(Duration::from_secs(5), "the workflow to end", || async {
         let w = workflow(app, id).await;
@@ -136,8 +164,8 @@ async fn a_chain_passes_every_earlier_result_on_also_across_a_retry() {
 }
 
 #[tokio::test]
-async fn a_batch_through_two_gateways_fires_each_callback_once() {
-    const JOBS: usize = 300;
+async fn a_batch_of_ten_thousand_through_two_gateways_fires_each_callback_once() {
+    const JOBS: usize = 10_000;
     let nats = NatsServer::start();
     let apps = [spawn_app(&nats.url).await, spawn_app(&nats.url).await];
     let jobs: Vec<Value> = (0..JOBS)
@@ -344,4 +372,70 @@ async fn bad_workflows_and_unknown_ids_get_the_spec_errors() {
     assert_eq!(r.body["name"], "py");
     assert_eq!(r.body["steps"][1]["id"], "step-1");
     assert_eq!(r.body["steps"][1]["index"], 1);
+}
+
+#[tokio::test]
+async fn a_group_of_ten_thousand_ends_with_exact_counters() {
+    const JOBS: usize = 10_000;
+    let nats = NatsServer::start();
+    let apps = [spawn_app(&nats.url).await, spawn_app(&nats.url).await];
+    let jobs: Vec<Value> = (0..JOBS)
+        .map(|i| {
+            let retry = if i % 1000 == 0 { 1 } else { 3 };
+            json!({"type": "g", "args": [i], "options": {"queue": "big", "retry": {"max_attempts": retry}}})
+        })
+        .collect();
+    let w = create(&apps[0], json!({"type": "group", "jobs": jobs})).await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    // Every thousandth job fails for good; the rest complete.
+    let work = (0..16).map(|n| {
+        let app = &apps[n % 2];
+        async move {
+            loop {
+                let r = app
+                    .post("/ojs/v1/workers/fetch", json!({"queues": ["big"], "worker_id": "w", "count": 50, "wait_ms": 300}))
+                    .await;
+                let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
+                if batch.is_empty() {
+                    return;
+                }
+                for j in batch {
+                    if j["args"][0].as_u64().unwrap() % 1000 == 0 {
+                        let r = app
+                            .fail(json!({"job_id": j["id"], "worker_id": "w", "error": {"code": "x", "message": "no"}}))
+                            .await;
+                        assert_eq!(r.body["state"], "discarded", "{}", r.body);
+                    } else {
+                        ack(app, &j, json!(null)).await;
+                    }
+                }
+            }
+        }
+    });
+    futures::future::join_all(work).await;
+    let done = ends(&apps[1], &id, "failed").await;
+    assert_eq!(done["jobs_total"], JOBS);
+    assert_eq!(done["jobs_completed"], JOBS - 10);
+    assert_eq!(done["jobs_failed"], 10);
+}
+
+#[tokio::test]
+async fn a_chain_of_a_thousand_steps_runs_them_in_order() {
+    const STEPS: usize = 1_000;
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let steps: Vec<Value> = (0..STEPS)
+        .map(|i| json!({"type": "step", "args": [i], "options": {"queue": "long"}}))
+        .collect();
+    let w = create(&app, json!({"type": "chain", "steps": steps})).await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    for i in 0..STEPS {
+        let step = next(&app, "long").await;
+        assert_eq!(step["args"][0], i);
+        assert_eq!(step["parent_results"].as_array().map_or(0, Vec::len), i);
+        ack(&app, &step, json!(null)).await;
+    }
+    let done = ends(&app, &id, "completed").await;
+    assert_eq!(done["steps_completed"], STEPS);
+    none_in(&app, "long").await;
 }

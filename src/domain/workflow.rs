@@ -20,7 +20,8 @@ use super::state::JobState;
 
 /// Levels of nesting a workflow may have (workflows spec §10.2: at least 3).
 pub const MAX_DEPTH: usize = 3;
-/// Jobs a workflow tree may hold, callbacks included (as many as a batch PUSH).
+/// Member jobs a workflow tree may hold (as many as a batch PUSH); a batch's up to three
+/// callbacks come on top.
 pub const MAX_JOBS: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -361,17 +362,15 @@ pub fn parse(body: Value) -> Result<Request, OjsError> {
 }
 
 impl Request {
-    /// Jobs in the tree, callbacks included.
+    /// Member jobs in the tree (callbacks aside).
     pub fn jobs(&self) -> usize {
-        let members: usize = self
-            .members
+        self.members
             .iter()
             .map(|m| match &m.what {
                 Member::Job(_) => 1,
                 Member::Workflow(w) => w.jobs(),
             })
-            .sum();
-        members + self.callbacks.len()
+            .sum()
     }
 }
 

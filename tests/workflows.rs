@@ -49,13 +49,12 @@ async fn ack(app: &TestApp, job: &Value, result: Value) {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
-/// Sixteen workers, half through each gateway, fetch and ACK (with the job's first
-/// argument as result) until `queue` stays empty.
-async fn work_off(apps: &[TestApp], queue: &str) -> usize {
+/// Sixteen workers, half through each gateway, fetch until `queue` stays empty: each job
+/// for which `fails` holds is failed, every other ACKed with its first argument as result.
+async fn work_off(apps: &[TestApp], queue: &str, fails: impl Fn(&Value) -> bool + Copy) {
     let work = (0..16).map(|n| {
         let app = &apps[n % apps.len()];
         async move {
-            let mut done = 0;
             loop {
                 let r = app
                     .post(
@@ -65,16 +64,23 @@ async fn work_off(apps: &[TestApp], queue: &str) -> usize {
                     .await;
                 let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
                 if batch.is_empty() {
-                    return done;
+                    return;
                 }
                 for j in batch {
-                    ack(app, &j, j["args"][0].clone()).await;
-                    done += 1;
+                    if fails(&j) {
+                        let r = app
+                            .fail(json!({"job_id": j["id"], "worker_id": "w",
+                                "error": {"code": "x", "message": "no"}}))
+                            .await;
+                        assert_eq!(r.status, 200, "{}", r.body);
+                    } else {
+                        ack(app, &j, j["args"][0].clone()).await;
+                    }
                 }
             }
         }
     });
-    futures::future::join_all(work).await.into_iter().sum()
+    futures::future::join_all(work).await;
 }
 
 async fn ends(app: &TestApp, id: &str, state: &str) -> Value {
@@ -182,28 +188,7 @@ async fn a_batch_of_ten_thousand_through_two_gateways_fires_each_callback_once()
     let id = w["id"].as_str().unwrap().to_owned();
     assert_eq!(w["jobs_total"], JOBS);
 
-    // Eight workers, half through each gateway, ACK everything with the job's argument.
-    let work = (0..8).map(|n| {
-        let app = &apps[n % 2];
-        async move {
-            loop {
-                let r = app
-                    .post(
-                        "/ojs/v1/workers/fetch",
-                        json!({"queues": ["b"], "worker_id": "w", "count": 20}),
-                    )
-                    .await;
-                let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
-                if batch.is_empty() {
-                    return;
-                }
-                for j in batch {
-                    ack(app, &j, j["args"][0].clone()).await;
-                }
-            }
-        }
-    });
-    futures::future::join_all(work).await;
+    work_off(&apps, "b", |_| false).await;
 
     let report = next(&apps[1], "cb-complete").await;
     let celebrate = next(&apps[0], "cb-success").await;
@@ -388,31 +373,7 @@ async fn a_group_of_ten_thousand_ends_with_exact_counters() {
     let w = create(&apps[0], json!({"type": "group", "jobs": jobs})).await;
     let id = w["id"].as_str().unwrap().to_owned();
     // Every thousandth job fails for good; the rest complete.
-    let work = (0..16).map(|n| {
-        let app = &apps[n % 2];
-        async move {
-            loop {
-                let r = app
-                    .post("/ojs/v1/workers/fetch", json!({"queues": ["big"], "worker_id": "w", "count": 50, "wait_ms": 300}))
-                    .await;
-                let batch = r.body["jobs"].as_array().cloned().unwrap_or_default();
-                if batch.is_empty() {
-                    return;
-                }
-                for j in batch {
-                    if j["args"][0].as_u64().unwrap() % 1000 == 0 {
-                        let r = app
-                            .fail(json!({"job_id": j["id"], "worker_id": "w", "error": {"code": "x", "message": "no"}}))
-                            .await;
-                        assert_eq!(r.body["state"], "discarded", "{}", r.body);
-                    } else {
-                        ack(app, &j, json!(null)).await;
-                    }
-                }
-            }
-        }
-    });
-    futures::future::join_all(work).await;
+    work_off(&apps, "big", |j| j["args"][0].as_u64().unwrap() % 1000 == 0).await;
     let done = ends(&apps[1], &id, "failed").await;
     assert_eq!(done["jobs_total"], JOBS);
     assert_eq!(done["jobs_completed"], JOBS - 10);

@@ -392,8 +392,11 @@ async fn the_readme_requests_answer_what_the_readme_shows() {
                     let app = &app;
                     let id = id.clone();
                     async move {
-                        let state = app.job(&id).await["state"].clone();
-                        (state != "retryable" && state != "scheduled").then_some(())
+                        // A workflow's id is no job's: nothing to wait for.
+                        let r = app.get(&format!("/ojs/v1/jobs/{id}")).await;
+                        let state = r.body["job"]["state"].clone();
+                        (r.status == 404 || (state != "retryable" && state != "scheduled"))
+                            .then_some(())
                     }
                 },
             )

@@ -627,3 +627,61 @@ async fn the_producer_example_enqueues_in_batches_and_prints_ids() {
         assert_eq!(app.job(id).await["args"], json!([7]));
     }
 }
+
+#[tokio::test]
+async fn a_workflow_built_by_the_client_hands_each_step_its_parents_results() {
+    use ojs_jetstream::client::workflow::{chain, group};
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let client = Client::new(&app.base);
+    let flow = chain([
+        JobSpec::new("wf.first", json!([1])).queue("wfq").into(),
+        JobSpec::new("wf.second", json!([2])).queue("wfq").into(),
+        group([JobSpec::new("wf.side", json!([3])).queue("wfq")]),
+    ])
+    .named("built");
+    let created = client.workflow(flow).await.unwrap();
+    assert_eq!(created["name"], "built");
+    assert_eq!(created["steps"][2]["type"], "group");
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    let seen: Arc<Mutex<Vec<(String, Option<Value>, Option<String>)>>> = Arc::default();
+    let mut worker = Worker::new(WorkerConfig::new(&app.base, &["wfq"]));
+    for job_type in ["wf.first", "wf.second", "wf.side"] {
+        let seen = seen.clone();
+        worker.register(job_type, move |ctx: JobContext| {
+            let seen = seen.clone();
+            async move {
+                let me = ctx.job_type.clone();
+                seen.lock()
+                    .unwrap()
+                    .push((me.clone(), ctx.parent_results, ctx.workflow_id));
+                Ok(json!({"by": me}))
+            }
+        });
+    }
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    let done = eventually(Duration::from_secs(10), "the workflow done", || async {
+        let w = client.get_workflow(&id).await.unwrap();
+        (w["state"] == "completed").then_some(w)
+    })
+    .await;
+    control.terminate();
+    run.await.unwrap();
+    assert_eq!(done["steps_completed"], 3);
+    let seen = seen.lock().unwrap().clone();
+    let order: Vec<&str> = seen.iter().map(|(t, _, _)| t.as_str()).collect();
+    assert_eq!(order, ["wf.first", "wf.second", "wf.side"]);
+    assert_eq!(seen[0].1, None);
+    assert_eq!(seen[0].2.as_deref(), Some(id.as_str()));
+    assert_eq!(seen[1].1, Some(json!([{"by": "wf.first"}])));
+    // The group's job runs under the nested workflow.
+    let nested = done["steps"][2]["job_id"].as_str().unwrap();
+    assert_eq!(seen[2].2.as_deref(), Some(nested));
+    let r = client.cancel_workflow(&id).await.unwrap_err();
+    assert!(
+        matches!(r, ClientError::Server { status: 409, .. }),
+        "{r:?}"
+    );
+}

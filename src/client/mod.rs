@@ -14,6 +14,7 @@
 //! ```
 
 mod chain;
+pub mod workflow;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -242,6 +243,56 @@ impl Client {
         Ok(self
             .call(reqwest::Method::DELETE, &format!("/ojs/v1/jobs/{id}"), None)
             .await?["job"]
+            .clone())
+    }
+
+    /// Creates a workflow (`POST /ojs/v1/workflows`); each of its jobs passes the enqueue
+    /// chain first. Gives the workflow as the server answers it (`id`, `state`, `steps`…).
+    ///
+    /// # Errors
+    /// 400 for an invalid workflow, the server's other errors, a transport error, or a
+    /// middleware's refusal.
+    pub async fn workflow(&self, mut flow: workflow::Flow) -> Result<Value, ClientError> {
+        for job in flow.jobs_mut() {
+            *job = self.prepared(job.clone()).await?;
+        }
+        Ok(self
+            .call(
+                reqwest::Method::POST,
+                "/ojs/v1/workflows",
+                Some(flow.to_body()),
+            )
+            .await?["workflow"]
+            .clone())
+    }
+
+    /// A workflow's state and steps.
+    ///
+    /// # Errors
+    /// 404 for an unknown id, or a transport error.
+    pub async fn get_workflow(&self, id: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(
+                reqwest::Method::GET,
+                &format!("/ojs/v1/workflows/{id}"),
+                None,
+            )
+            .await?["workflow"]
+            .clone())
+    }
+
+    /// Cancels a workflow: members not started are cancelled, running ones finish.
+    ///
+    /// # Errors
+    /// 404 for an unknown id, 409 for a workflow that already ended, or a transport error.
+    pub async fn cancel_workflow(&self, id: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/ojs/v1/workflows/{id}"),
+                None,
+            )
+            .await?["workflow"]
             .clone())
     }
 

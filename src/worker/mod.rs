@@ -124,6 +124,11 @@ pub struct JobContext {
     pub job_type: String,
     pub args: Value,
     pub attempt: u64,
+    /// The workflow the job belongs to, if any.
+    pub workflow_id: Option<String>,
+    /// In a workflow, the results of the members before it (a chain step: those of the
+    /// earlier steps, in order; a batch callback: every member's), workflows spec §7.
+    pub parent_results: Option<Value>,
     cancel: CancellationToken,
     client: Client,
     worker_id: String,
@@ -445,6 +450,8 @@ impl Engine {
             job_type: job["type"].as_str().unwrap_or_default().to_owned(),
             args: job["args"].clone(),
             attempt: job["attempt"].as_u64().unwrap_or(0),
+            workflow_id: job["workflow_id"].as_str().map(str::to_owned),
+            parent_results: job.get("parent_results").cloned(),
             job,
             cancel: CancellationToken::new(),
             client: self.client.clone(),

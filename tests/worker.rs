@@ -645,7 +645,9 @@ async fn a_workflow_built_by_the_client_hands_each_step_its_parents_results() {
     assert_eq!(created["steps"][2]["type"], "group");
     let id = created["id"].as_str().unwrap().to_owned();
 
-    let seen: Arc<Mutex<Vec<(String, Option<Value>, Option<String>)>>> = Arc::default();
+    // Per step run: its type, parent_results and workflow_id.
+    type Seen = Vec<(String, Option<Value>, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let mut worker = Worker::new(WorkerConfig::new(&app.base, &["wfq"]));
     for job_type in ["wf.first", "wf.second", "wf.side"] {
         let seen = seen.clone();

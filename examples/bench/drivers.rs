@@ -22,7 +22,7 @@ pub struct Tally {
     pub done: AtomicUsize,
     /// When the last job was completed: a scenario ends there, not when the last idle
     /// worker's fetch returns.
-    last_done: std::sync::Mutex<Option<Instant>>,
+    pub last_done: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Tally {

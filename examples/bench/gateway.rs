@@ -123,8 +123,125 @@ impl Gateway {
         }
     }
 
-    async fn post(&self, path: &str, body: &Value) -> Result<Bytes, String> {
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Bytes, String> {
         self.call(path, body, |s| s.is_success()).await
+    }
+
+    /// `workflow`: a chain of `steps` worked by `workers` long-polling workers. Per step after
+    /// the first: from the moment its predecessor's ACK was answered to the moment a FETCH
+    /// handed it out (µs).
+    pub async fn chain_steps(
+        &self,
+        queue: &str,
+        steps: usize,
+        workers: usize,
+        tally: Arc<Tally>,
+    ) -> Vec<u64> {
+        let jobs: Vec<Value> = (0..steps)
+            .map(|i| json!({"type": "bench.step", "args": [i, 0], "options": {"queue": queue}}))
+            .collect();
+        if let Err(e) = self
+            .post(
+                "/ojs/v1/workflows",
+                &json!({"type": "chain", "steps": jobs}),
+            )
+            .await
+        {
+            crate::drivers::record_error(&tally, &e);
+            return Vec::new();
+        }
+        let clock = Instant::now();
+        let acked: Arc<std::sync::Mutex<Vec<Option<u64>>>> =
+            Arc::new(std::sync::Mutex::new(vec![None; steps]));
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        consume(workers, steps, tally, move |w| {
+            let (gw, acked) = (gw.clone(), acked.clone());
+            let worker_id = format!("bench-worker-{w}");
+            let request = json!({"queues": [queue], "count": 1, "worker_id": worker_id,
+                "wait_ms": FETCH_WAIT.as_millis() as u64});
+            Box::pin(async move {
+                let mut round = Round::default();
+                let jobs = match gw
+                    .post("/ojs/v1/workers/fetch", &request)
+                    .await
+                    .and_then(|body| {
+                        serde_json::from_slice::<Fetched>(&body).map_err(|e| e.to_string())
+                    }) {
+                    Ok(f) => f.jobs,
+                    Err(e) => {
+                        round.errors.push(e);
+                        return round;
+                    }
+                };
+                let now = micros(clock);
+                round.fetched = jobs.len();
+                for job in &jobs {
+                    let step = job.args.0 as usize;
+                    let before = step.checked_sub(1).and_then(|p| acked.lock().unwrap()[p]);
+                    if let Some(before) = before {
+                        round.latencies.push(now.saturating_sub(before));
+                    }
+                    let ack = json!({"job_id": job.id, "worker_id": worker_id});
+                    match gw.post("/ojs/v1/workers/ack", &ack).await {
+                        Ok(_) => {
+                            acked.lock().unwrap()[step] = Some(micros(clock));
+                            round.complete();
+                        }
+                        Err(e) => round.errors.push(e),
+                    }
+                }
+                round
+            })
+        })
+        .await
+    }
+
+    /// `workflow`: a batch of `members` jobs with an `on_complete` callback in
+    /// `callback_queue`, worked by `workers`; from the last member's ACK answered to the
+    /// callback handed to a waiting FETCH (µs), `None` if it never came.
+    pub async fn fan_in(
+        &self,
+        queue: &str,
+        callback_queue: &str,
+        members: usize,
+        workers: usize,
+        tally: Arc<Tally>,
+    ) -> Option<u64> {
+        let jobs: Vec<Value> = (0..members)
+            .map(|i| json!({"type": "bench.member", "args": [i, 0], "options": {"queue": queue}}))
+            .collect();
+        let callback =
+            json!({"type": "bench.callback", "args": [0, 0], "options": {"queue": callback_queue}});
+        let body = json!({"type": "batch", "jobs": jobs, "callbacks": {"on_complete": callback}});
+        if let Err(e) = self.post("/ojs/v1/workflows", &body).await {
+            crate::drivers::record_error(&tally, &e);
+            return None;
+        }
+        let waiter = {
+            let gw = self.clone();
+            let request = json!({"queues": [callback_queue], "count": 1, "worker_id": "bench-callback",
+                "wait_ms": FETCH_WAIT.as_millis() as u64});
+            tokio::spawn(async move {
+                let give_up = Instant::now() + Duration::from_secs(120);
+                while Instant::now() < give_up {
+                    let fetched = gw.post("/ojs/v1/workers/fetch", &request).await.ok()?;
+                    let jobs = serde_json::from_slice::<Fetched>(&fetched).ok()?.jobs;
+                    if let Some(job) = jobs.first() {
+                        let at = Instant::now();
+                        let ack = json!({"job_id": job.id, "worker_id": "bench-callback"});
+                        gw.post("/ojs/v1/workers/ack", &ack).await.ok()?;
+                        return Some(at);
+                    }
+                }
+                None
+            })
+        };
+        self.work(queue, 50, workers, members, Instant::now(), tally.clone())
+            .await;
+        let last_ack = *tally.last_done.lock().unwrap();
+        let callback_at = waiter.await.ok().flatten()?;
+        Some(callback_at.saturating_duration_since(last_ack?).as_micros() as u64)
     }
 
     /// The HTTP traffic of `e2e` without its JetStream work: per job a PUSH, a FETCH and an

@@ -7,8 +7,9 @@
 //! cargo run --release --example bench -- [--url http://127.0.0.1:8080]
 //!     [--nats nats://127.0.0.1:4222] [--namespace ojs] [--jobs 20000] [--producers 64]
 //!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
-//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory][,timers]]
+//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory][,timers][,workflow]]
 //!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
+//!     [--workflow-steps 1000] [--workflow-members 10000]
 //! ```
 //!
 //! `scripts/bench.sh` starts a fresh nats-server and a release gateway and runs this against
@@ -16,8 +17,11 @@
 //! `errors`; jobs that never came back are counted in `missing`. With the pids given, each
 //! scenario also reports the CPU seconds the gateway, nats-server and the benchmark used.
 //! The `e2e` scenario ends with `e2e-http-only`: the same requests answered without NATS
-//! work, which shows how much of the machine HTTP alone takes. `memory` and `timers` run
-//! only when named.
+//! work, which shows how much of the machine HTTP alone takes. `memory`, `timers` and
+//! `workflow` run only when named; `workflow` has no floor: `workflow-chain` gives the
+//! step-to-step latency of a chain worked by `--latency-workers` long-polling workers (a
+//! step's ACK answered → the next step handed out), `workflow-fan-in` the time from a
+//! batch's last member ACK to its callback handed out.
 
 mod drivers;
 #[path = "../common/flags.rs"]
@@ -126,6 +130,9 @@ async fn main() {
     }
     if s.wants("timers") {
         bench.timers().await;
+    }
+    if s.wants("workflow") {
+        bench.workflow().await;
     }
     floor.clean_up().await;
     bench.report();

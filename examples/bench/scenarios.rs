@@ -60,7 +60,15 @@ impl Outcome {
 }
 
 /// Queue names the benchmark uses (prefixed per run).
-pub const QUEUES: [&str; 5] = ["drain", "e2e", "latency", "memory", "timers"];
+pub const QUEUES: [&str; 7] = [
+    "drain",
+    "e2e",
+    "latency",
+    "memory",
+    "timers",
+    "workflow",
+    "workflow-callback",
+];
 
 /// How jobs are offered.
 #[derive(Clone, Copy)]
@@ -393,6 +401,69 @@ impl Bench {
             latencies,
             rss_idle_mb: idle,
             rss_loaded_mb: loaded,
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        self.settle(false, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// `workflow-chain`: step-to-step latency of a chain worked by long-polling workers
+    /// (a step's ACK answered → the next step handed out). `workflow-fan-in`: a batch's
+    /// last member ACK answered → its callback handed out.
+    pub async fn workflow(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let gw = gw.clone();
+        let (queue, callback_queue) = (
+            self.gateway.queue("workflow"),
+            self.gateway.queue("workflow-callback"),
+        );
+        let steps = self.settings.workflow_steps;
+        let tally = Arc::new(Tally::default());
+        let meter = self.meter();
+        let started = Instant::now();
+        let latencies = gw
+            .chain_steps(&queue, steps, self.settings.latency_workers, tally.clone())
+            .await;
+        let done = tally.done.load(Ordering::Relaxed);
+        let mut chain = Outcome {
+            name: "workflow-chain".into(),
+            jobs: done,
+            seconds: tally.seconds_since(started),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: steps.saturating_sub(done),
+            latencies,
+            ..Default::default()
+        };
+        chain.cpu = meter.finish();
+        self.settle(false, &mut chain).await;
+        progress(&chain);
+        self.outcomes.push(chain);
+
+        let members = self.settings.workflow_members;
+        let tally = Arc::new(Tally::default());
+        let meter = self.meter();
+        let started = Instant::now();
+        let fan_in = gw
+            .fan_in(
+                &queue,
+                &callback_queue,
+                members,
+                self.settings.workers,
+                tally.clone(),
+            )
+            .await;
+        let done = tally.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: "workflow-fan-in".into(),
+            jobs: done,
+            seconds: started.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed) + u64::from(fan_in.is_none()),
+            missing: members.saturating_sub(done),
+            latencies: fan_in.into_iter().collect(),
             ..Default::default()
         };
         outcome.cpu = meter.finish();

@@ -19,6 +19,8 @@ pub struct Settings {
     pub nats_pid: Option<u32>,
     pub memory_jobs: usize,
     pub timer_jobs: usize,
+    pub workflow_steps: usize,
+    pub workflow_members: usize,
 }
 
 impl Settings {
@@ -44,6 +46,8 @@ impl Settings {
             nats_pid: f.get("nats-pid"),
             memory_jobs: f.number("memory-jobs", 500_000),
             timer_jobs: f.number("timer-jobs", 100_000),
+            workflow_steps: f.number("workflow-steps", 1_000),
+            workflow_members: f.number("workflow-members", 10_000),
         };
         f.finish();
         settings

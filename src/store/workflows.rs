@@ -220,10 +220,13 @@ impl Store {
     }
 
     /// Leader: moves each workflow on by what its members' writes showed, in order, one
-    /// read and one compare-and-set per workflow.
+    /// read and one compare-and-set per workflow. A workflow that cannot be moved on for a
+    /// reason other than NATS being unreachable is logged and passed over: held back, it
+    /// would stop the events of every job after it.
     ///
     /// # Errors
-    /// When NATS fails; everything done so far is idempotent, so the caller repeats it.
+    /// When NATS does not answer; everything done so far is idempotent, so the caller
+    /// repeats it.
     pub async fn advance_workflows(&self, seen: &[(String, Slot, Seen)]) -> Result<(), OjsError> {
         let mut order: Vec<&str> = Vec::new();
         let mut by_workflow: HashMap<&str, Vec<(Slot, Seen)>> = HashMap::new();
@@ -237,7 +240,13 @@ impl Store {
                 .push((*slot, what.clone()));
         }
         for id in order {
-            self.apply_seen(id, &by_workflow[id]).await?;
+            match self.apply_seen(id, &by_workflow[id]).await {
+                Err(err) if err.code == ErrorCode::BackendUnavailable => return Err(err),
+                Err(err) => {
+                    tracing::error!(workflow_id = id, error = %err.with_causes(), "passing over a workflow that cannot be moved on");
+                }
+                Ok(()) => {}
+            }
         }
         Ok(())
     }

@@ -41,6 +41,10 @@ pub struct Config {
     /// A worker that has heartbeated and then stays silent this long is declared dead and
     /// its jobs go back to their queues, in milliseconds (worker protocol §10).
     pub heartbeat_timeout_ms: u64,
+    /// How long a workflow's creation or cancel may take before the leader repairs it, in
+    /// milliseconds: a creation cut short is cancelled, a cancel finished (architecture
+    /// §3.16).
+    pub workflow_grace_ms: u64,
     /// JetStream's redelivery backstop for fetched messages nobody settled, in milliseconds:
     /// how long a delivery stranded by a dead gateway waits; a job running longer than this
     /// costs one record write per period (architecture §3.2).
@@ -107,6 +111,7 @@ impl Default for Config {
             visibility_timeout_ms: 1_800_000,
             execution_timeout_ms: 1_800_000,
             heartbeat_timeout_ms: 30_000,
+            workflow_grace_ms: 30_000,
             ack_wait_ms: 60_000,
             job_history: 5,
             events_max_age_ms: DAY_MS,
@@ -277,6 +282,7 @@ impl Config {
             ("visibility_timeout_ms", self.visibility_timeout_ms),
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("workflow_grace_ms", self.workflow_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
             ("nats_timeout_ms", self.nats_timeout_ms),
         ] {
@@ -288,6 +294,7 @@ impl Config {
             ("visibility_timeout_ms", self.visibility_timeout_ms),
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("workflow_grace_ms", self.workflow_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
         ] {
             if ms > crate::domain::duration::MAX.as_millis() as u64 {

@@ -13,8 +13,8 @@ use common::{spawn_app_with, test_config, GatewayProcess, NatsServer, Reply, Tes
 use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
-/// AckWait and visibility timeout of both gateways: how long a message or a claim held by
-/// the dead gateway stays with it.
+/// AckWait, visibility timeout and workflow grace of both gateways: how long a message or
+/// a claim held by the dead gateway stays with it, and a workflow it was creating.
 const HOLD_MS: u64 = 2000;
 /// The exit code of a failpoint's `exit`.
 const FAILPOINT_EXIT: i32 = 86;
@@ -50,10 +50,12 @@ impl Pair {
             ("OJS_FAILPOINTS", failpoints.as_str()),
             ("OJS_ACK_WAIT_MS", hold.as_str()),
             ("OJS_VISIBILITY_TIMEOUT_MS", hold.as_str()),
+            ("OJS_WORKFLOW_GRACE_MS", hold.as_str()),
         ];
         let config = Config {
             ack_wait_ms: HOLD_MS,
             visibility_timeout_ms: HOLD_MS,
+            workflow_grace_ms: HOLD_MS,
             ..test_config(&nats.url)
         };
         // The first to start takes the lease; the other waits for it to expire.
@@ -427,5 +429,28 @@ async fn leader_killed_between_a_workflow_step_and_its_record_runs_every_step_on
         let w = p.healthy.get(&format!("/ojs/v1/workflows/{id}")).await;
         assert_eq!(w.body["workflow"]["state"], "completed", "{}", w.body);
         assert_eq!(w.body["workflow"]["steps_completed"], 3);
+    }
+}
+
+/// A workflow creation died after its jobs, before marking the workflow ready: no 2xx, and
+/// once the grace passed the leader cancels the jobs nobody took (here: all of them).
+#[tokio::test]
+async fn workflow_creation_killed_before_it_is_ready_is_cancelled() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("workflow.jobs_created", Leader::Healthy).await;
+        let body = json!({"type": "group", "name": "cut-short", "jobs": [job(), job()]});
+        p.dies_on("/ojs/v1/workflows", body).await;
+        let cancelled = common::eventually(
+            Duration::from_millis(HOLD_MS + 5000),
+            "both jobs cancelled",
+            || async {
+                let r = p.healthy.get("/ojs/v1/events?types=job.cancelled").await;
+                let events = r.body["events"].as_array().cloned().unwrap_or_default();
+                (events.len() == 2).then_some(events)
+            },
+        )
+        .await;
+        assert!(cancelled.iter().all(|e| e["data"]["queue"] == "fp"));
+        assert!(work_through(&p, Duration::from_secs(1)).await.is_empty());
     }
 }

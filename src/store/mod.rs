@@ -101,6 +101,8 @@ struct Inner {
     finished_jobs_max_age: Option<Duration>,
     /// How long a worker may go without a heartbeat before its jobs are taken back.
     heartbeat_timeout: Duration,
+    /// How long a workflow's creation or cancel may take (`workflow_grace_ms`).
+    workflow_grace: Duration,
     /// Longest wait for one NATS answer (`nats_timeout_ms`).
     nats_timeout: Duration,
     /// Largest job record this store will write.
@@ -242,6 +244,7 @@ impl Store {
                 execution_timeout: Duration::from_millis(cfg.execution_timeout_ms),
                 finished_jobs_max_age: cfg.finished_jobs_max_age(),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
+                workflow_grace: Duration::from_millis(cfg.workflow_grace_ms),
                 nats_timeout: Duration::from_millis(cfg.nats_timeout_ms),
                 // A job of `max_job_bytes` plus the room it may grow by, within what the
                 // NATS server accepts in one message (less its own headers).

@@ -5,7 +5,6 @@
 //! creation or a cancel cut short.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
@@ -24,9 +23,6 @@ use crate::domain::time;
 use crate::domain::workflow::{
     self, Advance, Effect, Plan, Request, Results, Seen, Slot, WorkflowRecord, WorkflowState,
 };
-
-/// How long a creation or a cancel may take before the workflow's timer repairs it.
-const WORKFLOW_GRACE: Duration = Duration::from_secs(30);
 
 /// Member records read at once when a batch callback gathers its parents' results.
 const READS_AT_ONCE: usize = 256;
@@ -71,7 +67,7 @@ impl Store {
             encoded.push((rec.id.clone(), rec_bytes, plan_bytes));
         }
         let root = creation.workflows[0].clone();
-        self.send_timer(&workflow_timer(&root.0.id, now))
+        self.send_timer(&self.workflow_timer(&root.0.id, now))
             .await?
             .await
             .map_err(backend("publishing a timer"))?;
@@ -117,7 +113,10 @@ impl Store {
             }),
             _ => Err(OjsError::new(
                 ErrorCode::BackendUnavailable,
-                format!("Creating workflow {root_id} took longer than {} s and it was cancelled; retry.", WORKFLOW_GRACE.as_secs()),
+                format!(
+                    "Creating workflow {root_id} took longer than {} ms and it was cancelled; retry.",
+                    self.inner.workflow_grace.as_millis()
+                ),
             )),
         }
     }
@@ -154,7 +153,7 @@ impl Store {
         if view.record.state.is_terminal() {
             return Err(workflow::cancel(&view.record, Utc::now()).unwrap_err());
         }
-        self.send_timer(&workflow_timer(id, Utc::now()))
+        self.send_timer(&self.workflow_timer(id, Utc::now()))
             .await?
             .await
             .map_err(backend("publishing a timer"))?;
@@ -415,21 +414,24 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The timer that checks a workflow's creation or cancel once it should be done.
+    fn workflow_timer(&self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
+        Timer {
+            id: id.to_owned(),
+            kind: TimerKind::Workflow,
+            dispatch: 0,
+            attempt: 0,
+            due: time::add(now, self.inner.workflow_grace),
+        }
+    }
+}
+
 /// A member job that no longer exists (pruned) needs nothing more.
 fn missing_is_done(err: OjsError) -> Result<(), OjsError> {
     if err.code == ErrorCode::NotFound {
         Ok(())
     } else {
         Err(err)
-    }
-}
-
-fn workflow_timer(id: &str, now: chrono::DateTime<Utc>) -> Timer {
-    Timer {
-        id: id.to_owned(),
-        kind: TimerKind::Workflow,
-        dispatch: 0,
-        attempt: 0,
-        due: time::add(now, WORKFLOW_GRACE),
     }
 }

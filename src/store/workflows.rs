@@ -83,7 +83,6 @@ impl Store {
                 }
             }
         }
-        self.failpoint("workflow.recorded").await;
         let records = creation
             .jobs
             .into_iter()

@@ -678,9 +678,13 @@ async fn a_workflow_built_by_the_client_hands_each_step_its_parents_results() {
     assert_eq!(seen[0].1, None);
     assert_eq!(seen[0].2.as_deref(), Some(id.as_str()));
     assert_eq!(seen[1].1, Some(json!([{"by": "wf.first"}])));
-    // The group's job runs under the nested workflow.
+    // The group's job runs under the nested workflow, begun with the chain's results.
     let nested = done["steps"][2]["job_id"].as_str().unwrap();
     assert_eq!(seen[2].2.as_deref(), Some(nested));
+    assert_eq!(
+        seen[2].1,
+        Some(json!([{"by": "wf.first"}, {"by": "wf.second"}]))
+    );
     let r = client.cancel_workflow(&id).await.unwrap_err();
     assert!(
         matches!(r, ClientError::Server { status: 409, .. }),

@@ -400,3 +400,45 @@ async fn a_chain_of_a_thousand_steps_runs_them_in_order() {
     assert_eq!(done["steps_completed"], STEPS);
     none_in(&app, "long").await;
 }
+
+#[tokio::test]
+async fn a_group_inside_a_chain_gets_the_results_before_it_and_passes_its_own_on() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let w = create(
+        &app,
+        json!({"type": "chain", "steps": [
+            job("extract", "n"),
+            {"type": "group", "jobs": [
+                {"type": "part", "args": ["csv"], "options": {"queue": "n"}},
+                {"type": "part", "args": ["pdf"], "options": {"queue": "n"}}]},
+            job("load", "n")]}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    let first = next(&app, "n").await;
+    ack(&app, &first, json!("raw")).await;
+    let mut parts = Vec::new();
+    for _ in 0..2 {
+        let part = next(&app, "n").await;
+        assert_eq!(part["type"], "part");
+        assert_eq!(part["parent_results"], json!(["raw"]));
+        parts.push(part);
+    }
+    for part in &parts {
+        ack(
+            &app,
+            part,
+            json!(format!("{}-done", part["args"][0].as_str().unwrap())),
+        )
+        .await;
+    }
+    let last = next(&app, "n").await;
+    assert_eq!(last["type"], "load");
+    assert_eq!(
+        last["parent_results"],
+        json!(["raw", ["csv-done", "pdf-done"]])
+    );
+    ack(&app, &last, json!(null)).await;
+    ends(&app, &id, "completed").await;
+}

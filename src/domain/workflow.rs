@@ -219,6 +219,10 @@ pub struct WorkflowRecord {
     pub callbacks: Vec<(Callback, char)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// A nested workflow begun as a later chain step: the results it was begun with,
+    /// passed on before its own when it completes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received: Option<Vec<Value>>,
 }
 
 impl WorkflowRecord {
@@ -721,6 +725,7 @@ fn lay_out(
             .map(|(c, _)| (*c, Status::Waiting.letter()))
             .collect(),
         failure: None,
+        received: None,
     };
     let starts = |i: usize| begins && (request.kind != Kind::Chain || i == 0);
     let mut plan = Plan {
@@ -910,13 +915,18 @@ pub enum Results {
 pub enum Effect {
     /// Make a waiting job available (ACTIVATE, with its `parent_results`).
     Activate { job_id: String, results: Results },
-    /// Begin a waiting nested workflow: its first members become available.
-    Begin { workflow_id: String },
+    /// Begin a waiting nested workflow: its first members become available, with the
+    /// results of the chain steps before it.
+    Begin {
+        workflow_id: String,
+        results: Option<Vec<Value>>,
+    },
     /// Cancel a job unless it is running or final.
     Cancel { job_id: String },
     /// Cancel a nested workflow (and so its jobs).
     CancelWorkflow { workflow_id: String },
-    /// Tell the parent how its member, this workflow, stands.
+    /// Tell the parent how its member, this workflow, stands. A completion's results are
+    /// gathered by the store: what this workflow was begun with, then its members' results.
     Report { parent: ParentRef, seen: Seen },
 }
 
@@ -991,8 +1001,7 @@ fn member(a: &mut Advance, i: usize, what: &Seen, now: DateTime<Utc>) {
         Kind::Chain => match what {
             Seen::Completed(passed) if i + 1 < a.record.members() => {
                 a.record.set(i + 1, Status::Enqueued);
-                let results = passed.clone().map_or(Results::None, Results::Given);
-                a.effects.push(start(&a.record, i + 1, results));
+                a.effects.push(start(&a.record, i + 1, passed.clone()));
             }
             Seen::Completed(_) => finish(a, WorkflowState::Completed, now),
             _ => {
@@ -1052,15 +1061,19 @@ fn failure(a: &mut Advance, index: usize, error: Option<Value>) {
     }
 }
 
-/// What starts member `i`: its job becomes available, or its workflow begins.
-fn start(rec: &WorkflowRecord, i: usize, results: Results) -> Effect {
+/// What starts member `i`: its job becomes available, or its workflow begins; either with
+/// the results of the chain steps before it.
+fn start(rec: &WorkflowRecord, i: usize, results: Option<Vec<Value>>) -> Effect {
     let id = rec.member_id(i);
     if rec.is_nested(i) {
-        Effect::Begin { workflow_id: id }
+        Effect::Begin {
+            workflow_id: id,
+            results,
+        }
     } else {
         Effect::Activate {
             job_id: id,
-            results,
+            results: results.map_or(Results::None, Results::Given),
         }
     }
 }
@@ -1168,8 +1181,9 @@ fn finish(a: &mut Advance, state: WorkflowState, now: DateTime<Utc>) {
     }
 }
 
-/// A nested workflow waiting as a later chain step begins: its first members start.
-pub fn begin(rec: &WorkflowRecord) -> Advance {
+/// A nested workflow waiting as a later chain step begins: its first members start, with
+/// the results of the steps before it (kept, to be passed on before its own).
+pub fn begin(rec: &WorkflowRecord, results: Option<Vec<Value>>) -> Advance {
     let mut a = Advance {
         record: rec.clone(),
         changed: false,
@@ -1184,8 +1198,11 @@ pub fn begin(rec: &WorkflowRecord) -> Advance {
         for i in first {
             if a.record.status_of(i) == Status::Waiting {
                 a.record.set(i, Status::Enqueued);
-                a.effects.push(start(&a.record, i, Results::None));
+                a.effects.push(start(&a.record, i, results.clone()));
             }
+        }
+        if a.record.received.is_none() {
+            a.record.received = results;
         }
     }
     a.changed = a.record != *rec;
@@ -1653,13 +1670,25 @@ mod tests {
         let root = &c.workflows[0].0;
         let a = apply(
             root,
-            &[(Slot::Member(0), Seen::Completed(Some(vec![])))],
+            &[(Slot::Member(0), Seen::Completed(Some(vec![json!("r0")])))],
             now(),
         );
         assert_eq!(
             a.effects,
             [Effect::Begin {
-                workflow_id: root.member_id(1)
+                workflow_id: root.member_id(1),
+                results: Some(vec![json!("r0")])
+            }]
+        );
+        let child = &c.workflows[1].0;
+        let begun = begin(child, Some(vec![json!("r0")]));
+        assert_eq!(begun.record.status, "p");
+        assert_eq!(begun.record.received, Some(vec![json!("r0")]));
+        assert_eq!(
+            begun.effects,
+            [Effect::Activate {
+                job_id: child.member_id(0),
+                results: Results::Given(vec![json!("r0")])
             }]
         );
     }

@@ -255,8 +255,9 @@ impl Store {
     }
 
     /// Begins a nested workflow that waited as a later chain step.
-    async fn begin_nested(&self, id: &str) -> Result<(), OjsError> {
-        self.decide(id, workflow::begin).await
+    async fn begin_nested(&self, id: &str, results: Option<Vec<Value>>) -> Result<(), OjsError> {
+        self.decide(id, |rec| workflow::begin(rec, results.clone()))
+            .await
     }
 
     /// Cancels a nested (or abandoned) workflow, unless it already ended.
@@ -375,11 +376,24 @@ impl Store {
                         other => other.map(drop).or_else(missing_is_done)?,
                     }
                 }
-                Effect::Begin { workflow_id } => Box::pin(self.begin_nested(&workflow_id)).await?,
+                Effect::Begin {
+                    workflow_id,
+                    results,
+                } => Box::pin(self.begin_nested(&workflow_id, results)).await?,
                 Effect::CancelWorkflow { workflow_id } => {
                     Box::pin(self.cancel_nested(&workflow_id)).await?;
                 }
                 Effect::Report { parent, seen } => {
+                    // A nested workflow's result: its members' results, in order, after
+                    // what it was begun with (workflows spec §7.3).
+                    let seen = match seen {
+                        Seen::Completed(_) => {
+                            let mut passed = rec.received.clone().unwrap_or_default();
+                            passed.push(self.member_results(rec).await?);
+                            Seen::Completed(Some(passed))
+                        }
+                        other => other,
+                    };
                     let seen = [(Slot::Member(parent.index), seen)];
                     Box::pin(self.apply_seen(&parent.workflow_id, &seen)).await?;
                 }

@@ -58,13 +58,36 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The policy with camelCase names (`maxAttempts`, as the official JavaScript client sends
+/// it, clients.md item 13) also under the spec's snake_case ones; a snake_case name given
+/// beside its camelCase twin wins.
+fn snake_cased(obj: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = obj.clone();
+    for (key, value) in obj {
+        let mut snake = String::with_capacity(key.len() + 4);
+        for c in key.chars() {
+            if c.is_ascii_uppercase() {
+                snake.push('_');
+                snake.push(c.to_ascii_lowercase());
+            } else {
+                snake.push(c);
+            }
+        }
+        if snake != *key {
+            out.entry(snake).or_insert_with(|| value.clone());
+        }
+    }
+    out
+}
+
 impl RetryPolicy {
     /// Parses a client policy object. Every problem is a 422 naming the field (conformance
     /// case retry-validation-invalid-max-attempts.json).
     pub fn from_value(v: &Value) -> Result<RetryPolicy, OjsError> {
-        let obj = v
-            .as_object()
-            .ok_or_else(|| OjsError::unprocessable("retry", "retry must be an object"))?;
+        let obj = &snake_cased(
+            v.as_object()
+                .ok_or_else(|| OjsError::unprocessable("retry", "retry must be an object"))?,
+        );
         let mut p = RetryPolicy::default();
         if let Some(v) = present(obj, "max_attempts") {
             p.max_attempts = v
@@ -250,6 +273,18 @@ mod tests {
         assert_eq!(p.max_attempts, 5);
         assert_eq!(p.initial_interval, Duration::from_secs(1));
         assert!(p.jitter);
+    }
+
+    #[test]
+    fn camel_case_names_read_as_the_spec_names() {
+        let p = policy(
+            json!({"maxAttempts": 2, "initialInterval": "PT2S", "onExhaustion": "dead_letter"}),
+        );
+        assert_eq!(p.max_attempts, 2);
+        assert_eq!(p.initial_interval, Duration::from_secs(2));
+        assert_eq!(p.on_exhaustion, OnExhaustion::DeadLetter);
+        let both = policy(json!({"maxAttempts": 2, "max_attempts": 7}));
+        assert_eq!(both.max_attempts, 7);
     }
 
     #[test]

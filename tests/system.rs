@@ -47,7 +47,8 @@ async fn manifest_claims_level_two_and_metrics_count_requests() {
     let app = spawn_app(&nats.url).await;
     let r = app.get("/ojs/manifest").await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.body["conformance_level"], 2);
+    assert_eq!(r.body["conformance_level"], 3);
+    assert_eq!(r.body["capabilities"]["workflows"], true);
     assert_eq!(r.body["capabilities"]["cron_jobs"], true);
     assert_eq!(r.body["capabilities"]["dead_letter"], true);
     assert_eq!(r.body["capabilities"]["batch_enqueue"], true);

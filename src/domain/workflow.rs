@@ -7,6 +7,8 @@
 //! workflows. Every id in the tree is derived from the root's id and the member's place,
 //! so doing the same step again after a crash names the same job.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -357,12 +359,18 @@ pub fn parse(body: Value) -> Result<Request, OjsError> {
     };
     let jobs = request.jobs();
     if jobs > MAX_JOBS {
-        return Err(invalid(
-            "$",
-            format!("A workflow may hold at most {MAX_JOBS} jobs; this one has {jobs}."),
-        ));
+        return Err(too_many(jobs));
     }
     Ok(request)
+}
+
+/// Refused before anything of the workflow is looked at further (also as soon as one list
+/// alone is too long).
+fn too_many(jobs: usize) -> OjsError {
+    invalid(
+        "$",
+        format!("A workflow may hold at most {MAX_JOBS} jobs; this one has {jobs}."),
+    )
 }
 
 impl Request {
@@ -431,6 +439,9 @@ fn parse_typed(obj: &Map<String, Value>, path: &str, depth: usize) -> Result<Req
             &format!("{path}.{key}"),
             format!("{key} must contain at least one job."),
         ));
+    }
+    if list.len() > MAX_JOBS {
+        return Err(too_many(list.len()));
     }
     let mut members = Vec::with_capacity(list.len());
     for (i, item) in list.iter().enumerate() {
@@ -524,6 +535,9 @@ fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
                 "type must be \"chain\", \"group\" or \"batch\" (or give steps with depends_on).",
             )),
         };
+    if steps.len() > MAX_JOBS + Callback::ALL.len() {
+        return Err(too_many(steps.len()));
+    }
     struct Step {
         id: String,
         depends_on: Vec<String>,
@@ -616,26 +630,41 @@ fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
     let ordered: Vec<Step> = if independent {
         plain
     } else {
-        // One path: a single first step, each later one depending on exactly the one before.
-        let mut rest = plain;
-        let mut path = Vec::with_capacity(rest.len());
-        let mut previous: Option<String> = None;
-        while !rest.is_empty() {
-            let next = rest.iter().position(|s| match &previous {
-                None => s.depends_on.is_empty(),
-                Some(p) => s.depends_on.len() == 1 && &s.depends_on[0] == p,
-            });
-            let Some(next) = next else {
-                return Err(invalid(
-                    "$.steps",
-                    "The steps must form a chain (each depending on the one before) or a group (none depending on another); other dependency graphs are not supported.",
-                ));
+        // One path: a single first step, each later one depending on exactly the one
+        // before. Followed from the first through a map from each step to the one after
+        // it, so a long chain listed in any order costs linear time.
+        let not_a_chain = || {
+            invalid(
+                "$.steps",
+                "The steps must form a chain (each depending on the one before) or a group (none depending on another); other dependency graphs are not supported.",
+            )
+        };
+        let mut first = None;
+        let mut after: HashMap<&str, usize> = HashMap::with_capacity(plain.len());
+        for (i, step) in plain.iter().enumerate() {
+            let alone = match step.depends_on.as_slice() {
+                [] => first.replace(i).is_none(),
+                [before] => after.insert(before.as_str(), i).is_none(),
+                _ => false,
             };
-            let step = rest.swap_remove(next);
-            previous = Some(step.id.clone());
-            path.push(step);
+            if !alone {
+                return Err(not_a_chain());
+            }
         }
-        path
+        let mut order = Vec::with_capacity(plain.len());
+        let mut at = first;
+        while let Some(i) = at.filter(|_| order.len() < plain.len()) {
+            order.push(i);
+            at = after.get(plain[i].id.as_str()).copied();
+        }
+        if order.len() != plain.len() {
+            return Err(not_a_chain()); // a step hangs off a callback, or off nothing
+        }
+        let mut steps: Vec<Option<Step>> = plain.into_iter().map(Some).collect();
+        order
+            .into_iter()
+            .map(|i| steps[i].take().expect("each step is on the path once"))
+            .collect()
     };
     let kind = match (independent && ordered.len() > 1, callbacks.is_empty()) {
         (_, false) => Kind::Batch,
@@ -1484,6 +1513,33 @@ mod tests {
         assert!(refused(diamond).contains("chain"));
         assert!(refused(json!({"steps": [step("a", &["x"])]})).contains("\"x\""));
         assert!(refused(json!({"steps": [step("a", &[]), step("a", &[])]})).contains("twice"));
+        let fork = json!({"steps": [step("a", &[]), step("b", &["a"]), step("c", &["a"])]});
+        assert!(refused(fork).contains("chain"));
+        let cycle = json!({"steps": [step("a", &[]), step("b", &["c"]), step("c", &["b"])]});
+        assert!(refused(cycle).contains("chain"));
+        // A long chain listed backwards is ordered (in linear time); one step too many is
+        // refused before any of it is read.
+        let backwards: Vec<Value> = (0..MAX_JOBS)
+            .rev()
+            .map(|i| {
+                let before = if i == 0 {
+                    vec![]
+                } else {
+                    vec![format!("s{}", i - 1)]
+                };
+                json!({"id": format!("s{i}"), "type": "t", "args": [], "depends_on": before})
+            })
+            .collect();
+        let long = parse(json!({"steps": backwards})).unwrap();
+        assert_eq!(long.kind, Kind::Chain);
+        assert_eq!(
+            long.members[MAX_JOBS - 1].step_id.as_deref(),
+            Some(format!("s{}", MAX_JOBS - 1).as_str())
+        );
+        let many: Vec<Value> = (0..MAX_JOBS + 4)
+            .map(|i| json!({"id": i.to_string()}))
+            .collect();
+        assert!(refused(json!({"steps": many})).contains("at most"));
     }
 
     #[test]

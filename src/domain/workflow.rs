@@ -977,16 +977,23 @@ pub struct Advance {
     pub happened: Vec<Happened>,
 }
 
+impl Advance {
+    /// Nothing to do: the record as it is.
+    pub fn unchanged(rec: &WorkflowRecord) -> Advance {
+        Advance {
+            record: rec.clone(),
+            changed: false,
+            effects: Vec::new(),
+            happened: Vec::new(),
+        }
+    }
+}
+
 /// Moves the workflow on by what was seen of its members, in order. A member already final
 /// keeps its outcome, so seeing a write again (a replay after a failover) changes nothing;
 /// after the workflow ended, outcomes are still recorded but start nothing.
 pub fn apply(rec: &WorkflowRecord, seen: &[(Slot, Seen)], now: DateTime<Utc>) -> Advance {
-    let mut a = Advance {
-        record: rec.clone(),
-        changed: false,
-        effects: Vec::new(),
-        happened: Vec::new(),
-    };
+    let mut a = Advance::unchanged(rec);
     for (slot, what) in seen {
         match *slot {
             Slot::Member(i) if i < a.record.members() => member(&mut a, i, what, now),
@@ -1213,12 +1220,7 @@ fn finish(a: &mut Advance, state: WorkflowState, now: DateTime<Utc>) {
 /// A nested workflow waiting as a later chain step begins: its first members start, with
 /// the results of the steps before it (kept, to be passed on before its own).
 pub fn begin(rec: &WorkflowRecord, results: Option<Vec<Value>>) -> Advance {
-    let mut a = Advance {
-        record: rec.clone(),
-        changed: false,
-        effects: Vec::new(),
-        happened: Vec::new(),
-    };
+    let mut a = Advance::unchanged(rec);
     if rec.state == WorkflowState::Running {
         let first: Vec<usize> = match rec.kind {
             Kind::Chain => vec![0],
@@ -1319,12 +1321,8 @@ pub fn cancel(rec: &WorkflowRecord, now: DateTime<Utc>) -> Result<Advance, OjsEr
         )
         .with_detail("current_state", rec.state.as_str()));
     }
-    let mut a = Advance {
-        record: rec.clone(),
-        changed: true,
-        effects: Vec::new(),
-        happened: Vec::new(),
-    };
+    let mut a = Advance::unchanged(rec);
+    a.changed = true;
     a.record.state = WorkflowState::Cancelled;
     a.record.finished_at = Some(now);
     a.effects = cancellations(&a.record);

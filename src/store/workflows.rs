@@ -24,6 +24,17 @@ use crate::domain::workflow::{
     self, Advance, Effect, Plan, Request, Results, Seen, Slot, WorkflowRecord, WorkflowState,
 };
 
+/// When a decision's effects happen relative to its write.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// The leader moving a workflow on: effects first, then the write, so that a crash
+    /// between leaves the decision to be made again, the same way.
+    ActFirst,
+    /// A cancel: the write first, so nothing new starts, then the withdrawals; a crash
+    /// between is finished by the workflow timer.
+    WriteFirst,
+}
+
 /// Member records read at once when a batch callback gathers its parents' results.
 const READS_AT_ONCE: usize = 256;
 
@@ -149,49 +160,25 @@ impl Store {
     /// 404 for an unknown id, 409 when the workflow already ended.
     pub async fn cancel_workflow(&self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
         let view = self.workflow(id).await?;
-        if view.record.state.is_terminal() {
-            return Err(workflow::cancel(&view.record, Utc::now()).unwrap_err());
-        }
+        // A workflow that already ended gets its 409 before any timer is published.
+        workflow::cancel(&view.record, Utc::now())?;
         self.send_timer(&self.workflow_timer(id, Utc::now()))
             .await?
             .await
             .map_err(backend("publishing a timer"))?;
-        let kv = &self.inner.workflows;
-        let mut raced = None;
-        for round in 0..MAX_CAS_ATTEMPTS {
-            let current =
-                cas::read::<WorkflowRecord>(kv, id, Replica::after(raced.is_some()), "workflow")
-                    .await?;
-            let record = current
-                .value
-                .ok_or_else(|| OjsError::not_found("workflow", id))?;
-            let cancelled = workflow::cancel(&record, Utc::now())?;
-            match cas::write(
-                kv,
-                id,
-                cancelled.record.to_bytes().into(),
-                current.revision,
-                "cancelling a workflow",
-            )
+        let (record, cancelled) = self
+            .decide(id, Order::WriteFirst, |rec| {
+                workflow::cancel(rec, Utc::now())
+            })
             .await?
-            {
-                Cas::Written(_) => {
-                    let count = self.carry_out(&cancelled.record, cancelled.effects).await?;
-                    return Ok((
-                        WorkflowView {
-                            record: cancelled.record,
-                            plan: view.plan,
-                        },
-                        count,
-                    ));
-                }
-                Cas::Refused(why) => {
-                    raced = Some(why);
-                    pause_after(why, round).await;
-                }
-            }
-        }
-        Err(cas::gave_up("workflow", id, raced))
+            .ok_or_else(|| OjsError::not_found("workflow", id))?;
+        Ok((
+            WorkflowView {
+                record,
+                plan: view.plan,
+            },
+            cancelled,
+        ))
     }
 
     /// The workflow timer fired (leader): a root never marked ready was abandoned by its
@@ -205,7 +192,7 @@ impl Store {
             return Ok(());
         };
         if record.state == WorkflowState::Cancelled {
-            self.carry_out(&record, workflow::cancellations(&record))
+            self.carry_out(&record, &workflow::cancellations(&record))
                 .await?;
         } else if !record.ready && record.state == WorkflowState::Running {
             tracing::warn!(
@@ -250,35 +237,43 @@ impl Store {
     }
 
     async fn apply_seen(&self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
-        self.decide(id, |rec| workflow::apply(rec, seen, Utc::now()))
-            .await
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::apply(rec, seen, Utc::now()))
+        })
+        .await
+        .map(drop)
     }
 
     /// Begins a nested workflow that waited as a later chain step.
     async fn begin_nested(&self, id: &str, results: Option<Vec<Value>>) -> Result<(), OjsError> {
-        self.decide(id, |rec| workflow::begin(rec, results.clone()))
-            .await
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::begin(rec, results.clone()))
+        })
+        .await
+        .map(drop)
     }
 
     /// Cancels a nested (or abandoned) workflow, unless it already ended.
     async fn cancel_nested(&self, id: &str) -> Result<(), OjsError> {
-        self.decide(id, |rec| {
-            workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance {
-                record: rec.clone(),
-                changed: false,
-                effects: Vec::new(),
-                happened: Vec::new(),
-            })
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance::unchanged(rec)))
         })
         .await
+        .map(drop)
     }
 
-    /// Read, decide, then — when anything changed — publish the events and carry out the
-    /// effects before the compare-and-set, so that a crash anywhere leaves the decision to
-    /// be made again, the same way (architecture §3.16).
-    async fn decide<F>(&self, id: &str, decide: F) -> Result<(), OjsError>
+    /// Read, decide, and when anything changed publish the events, write with a revision
+    /// check and carry out the effects in `order`; again after a refused write. Gives the
+    /// record as it now stands and how many jobs the effects cancelled; `None` for a
+    /// workflow that does not exist.
+    async fn decide<F>(
+        &self,
+        id: &str,
+        order: Order,
+        decide: F,
+    ) -> Result<Option<(WorkflowRecord, usize)>, OjsError>
     where
-        F: Fn(&WorkflowRecord) -> Advance,
+        F: Fn(&WorkflowRecord) -> Result<Advance, OjsError>,
     {
         let kv = &self.inner.workflows;
         let mut raced = None;
@@ -287,11 +282,11 @@ impl Store {
                 cas::read::<WorkflowRecord>(kv, id, Replica::after(raced.is_some()), "workflow")
                     .await?;
             let Some(record) = current.value else {
-                return Ok(()); // never created, or removed: nothing to move on
+                return Ok(None); // never created, or removed: nothing to move on
             };
-            let advance = decide(&record);
+            let advance = decide(&record)?;
             if !advance.changed {
-                return Ok(());
+                return Ok(Some((record, 0)));
             }
             if !advance.happened.is_empty() {
                 let plan = cas::read::<Plan>(kv, &plan_key(id), Replica::Nearest, "workflow plan")
@@ -307,9 +302,9 @@ impl Store {
                     .collect();
                 self.publish_events(&events).await?;
             }
-            let effects = !advance.effects.is_empty();
-            self.carry_out(&advance.record, advance.effects).await?;
-            if effects {
+            let mut cancelled = 0;
+            if order == Order::ActFirst && !advance.effects.is_empty() {
+                cancelled = self.carry_out(&advance.record, &advance.effects).await?;
                 self.failpoint("workflow.effects_done").await;
             }
             match cas::write(
@@ -321,7 +316,12 @@ impl Store {
             )
             .await?
             {
-                Cas::Written(_) => return Ok(()),
+                Cas::Written(_) => {
+                    if order == Order::WriteFirst {
+                        cancelled = self.carry_out(&advance.record, &advance.effects).await?;
+                    }
+                    return Ok(Some((advance.record, cancelled)));
+                }
                 Cas::Refused(why) => {
                     raced = Some(why);
                     pause_after(why, round).await;
@@ -332,29 +332,25 @@ impl Store {
     }
 
     /// Carries out effects in order; gives how many jobs were cancelled.
-    async fn carry_out(
-        &self,
-        rec: &WorkflowRecord,
-        effects: Vec<Effect>,
-    ) -> Result<usize, OjsError> {
+    async fn carry_out(&self, rec: &WorkflowRecord, effects: &[Effect]) -> Result<usize, OjsError> {
         let mut cancelled = 0;
         for effect in effects {
             match effect {
                 Effect::Activate { job_id, results } => {
                     let parent_results = match results {
                         Results::None => None,
-                        Results::Given(list) => Some(Value::Array(list)),
+                        Results::Given(list) => Some(Value::Array(list.clone())),
                         Results::OfMembers => Some(self.member_results(rec).await?),
                     };
                     let activated = self
-                        .transition(&job_id, |job, now| {
+                        .transition(job_id, |job, now| {
                             Ok(lifecycle::activate_member(job, now, parent_results.clone()))
                         })
                         .await;
                     match activated {
                         // Results too large to pass: the job starts without them.
                         Err(err) if err.code == ErrorCode::EnvelopeTooLarge => {
-                            self.transition(&job_id, |job, now| {
+                            self.transition(job_id, |job, now| {
                                 Ok(lifecycle::activate_member(job, now, None))
                             })
                             .await
@@ -366,7 +362,7 @@ impl Store {
                 }
                 Effect::Cancel { job_id } => {
                     let settled = self
-                        .transition(&job_id, |job, now| Ok(lifecycle::withdraw(job, now)))
+                        .transition(job_id, |job, now| Ok(lifecycle::withdraw(job, now)))
                         .await;
                     match settled {
                         Ok(s) if s.after.job.state != s.before.job.state => {
@@ -379,9 +375,9 @@ impl Store {
                 Effect::Begin {
                     workflow_id,
                     results,
-                } => Box::pin(self.begin_nested(&workflow_id, results)).await?,
+                } => Box::pin(self.begin_nested(workflow_id, results.clone())).await?,
                 Effect::CancelWorkflow { workflow_id } => {
-                    Box::pin(self.cancel_nested(&workflow_id)).await?;
+                    Box::pin(self.cancel_nested(workflow_id)).await?;
                 }
                 Effect::Report { parent, seen } => {
                     // A nested workflow's result: its members' results, in order, after
@@ -392,7 +388,7 @@ impl Store {
                             passed.push(self.member_results(rec).await?);
                             Seen::Completed(Some(passed))
                         }
-                        other => other,
+                        other => other.clone(),
                     };
                     let seen = [(Slot::Member(parent.index), seen)];
                     Box::pin(self.apply_seen(&parent.workflow_id, &seen)).await?;

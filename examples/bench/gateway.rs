@@ -127,6 +127,14 @@ impl Gateway {
         self.call(path, body, |s| s.is_success()).await
     }
 
+    /// One FETCH of a worker: the jobs handed out, or what went wrong.
+    async fn fetch(&self, request: &Value) -> Result<Vec<FetchedJob>, String> {
+        let body = self.post("/ojs/v1/workers/fetch", request).await?;
+        serde_json::from_slice::<Fetched>(&body)
+            .map(|f| f.jobs)
+            .map_err(|e| e.to_string())
+    }
+
     /// `workflow`: a chain of `steps` worked by `workers` long-polling workers. Per step after
     /// the first: from the moment its predecessor's ACK was answered to the moment a FETCH
     /// handed it out (µs).
@@ -162,13 +170,8 @@ impl Gateway {
                 "wait_ms": FETCH_WAIT.as_millis() as u64});
             Box::pin(async move {
                 let mut round = Round::default();
-                let jobs = match gw
-                    .post("/ojs/v1/workers/fetch", &request)
-                    .await
-                    .and_then(|body| {
-                        serde_json::from_slice::<Fetched>(&body).map_err(|e| e.to_string())
-                    }) {
-                    Ok(f) => f.jobs,
+                let jobs = match gw.fetch(&request).await {
+                    Ok(jobs) => jobs,
                     Err(e) => {
                         round.errors.push(e);
                         return round;
@@ -225,9 +228,7 @@ impl Gateway {
             tokio::spawn(async move {
                 let give_up = Instant::now() + Duration::from_secs(120);
                 while Instant::now() < give_up {
-                    let fetched = gw.post("/ojs/v1/workers/fetch", &request).await.ok()?;
-                    let jobs = serde_json::from_slice::<Fetched>(&fetched).ok()?.jobs;
-                    if let Some(job) = jobs.first() {
+                    if let Some(job) = gw.fetch(&request).await.ok()?.first() {
                         let at = Instant::now();
                         let ack = json!({"job_id": job.id, "worker_id": "bench-callback"});
                         gw.post("/ojs/v1/workers/ack", &ack).await.ok()?;
@@ -357,14 +358,8 @@ impl Gateway {
                 "wait_ms": FETCH_WAIT.as_millis() as u64});
             Box::pin(async move {
                 let mut round = Round::default();
-                let fetched = gw
-                    .post("/ojs/v1/workers/fetch", &request)
-                    .await
-                    .and_then(|body| {
-                        serde_json::from_slice::<Fetched>(&body).map_err(|e| e.to_string())
-                    });
-                let jobs = match fetched {
-                    Ok(f) => f.jobs,
+                let jobs = match gw.fetch(&request).await {
+                    Ok(jobs) => jobs,
                     Err(e) => {
                         round.errors.push(e);
                         return round;

@@ -442,3 +442,22 @@ async fn a_group_inside_a_chain_gets_the_results_before_it_and_passes_its_own_on
     ack(&app, &last, json!(null)).await;
     ends(&app, &id, "completed").await;
 }
+
+#[tokio::test]
+async fn a_workflow_with_a_job_push_would_refuse_writes_nothing() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"type": "group", "jobs": [job("fine", "q"),
+                {"type": "huge", "args": [huge], "options": {"queue": "q"}}]}),
+        )
+        .await;
+    r.assert_error(413, "envelope_too_large");
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let mut workflows = js.get_stream("KV_ojs-workflows").await.unwrap();
+    assert_eq!(workflows.info().await.unwrap().state.messages, 0);
+    none_in(&app, "q").await;
+}

@@ -31,11 +31,17 @@ impl Store {
             .into_iter()
             .map(|job| JobRecord::created(job, None))
             .collect();
-        self.create_jobs(records).await
+        self.create_jobs(records, async { Ok(()) }).await
     }
 
-    /// PUSH of records made ready (the jobs of a workflow carry their place in it).
-    pub(super) async fn create_jobs(&self, records: Vec<JobRecord>) -> Result<Vec<Job>, OjsError> {
+    /// PUSH of records made ready (the jobs of a workflow carry their place in it). `first`
+    /// runs once every check has passed, before anything is written (a workflow's own
+    /// records), so a refused job leaves nothing behind.
+    pub(super) async fn create_jobs(
+        &self,
+        records: Vec<JobRecord>,
+        first: impl std::future::Future<Output = Result<(), OjsError>>,
+    ) -> Result<Vec<Job>, OjsError> {
         let now = Utc::now();
         let mut encoded = Vec::with_capacity(records.len());
         let max_job = self.max_job_bytes();
@@ -72,6 +78,7 @@ impl Store {
             })
             .sum();
         self.admit_timers(timers).await?;
+        first.await?;
         for (queue, priority) in lanes {
             self.inner.queues.ensure(queue, priority, now).await?;
         }

@@ -50,9 +50,9 @@ fn plan_key(id: &str) -> String {
 }
 
 impl Store {
-    /// Creates a workflow (workflows spec §11.1): the `workflow` timer, the records (root
-    /// first) and plans, the jobs (those that start at once available), then the root
-    /// marked ready.
+    /// Creates a workflow (workflows spec §11.1): once the jobs passed PUSH's checks, the
+    /// `workflow` timer, the records (root first) and plans, the jobs (those that start at
+    /// once available), then the root marked ready.
     ///
     /// # Errors
     /// 400 for an invalid job, 413 for a workflow too large to store, 503 when NATS fails
@@ -78,28 +78,31 @@ impl Store {
             encoded.push((rec.id.clone(), rec_bytes, plan_bytes));
         }
         let root = creation.workflows[0].clone();
-        self.send_timer(&self.workflow_timer(&root.0.id, now))
-            .await?
-            .await
-            .map_err(backend("publishing a timer"))?;
         let kv = &self.inner.workflows;
-        for (id, rec_bytes, plan_bytes) in encoded {
-            for (key, bytes) in [(plan_key(&id), plan_bytes), (id, rec_bytes)] {
-                if let Cas::Refused(_) =
-                    cas::write(kv, &key, bytes.into(), 0, "creating a workflow").await?
-                {
-                    return Err(OjsError::backend(format!(
-                        "Workflow key {key} exists already."
-                    )));
-                }
-            }
-        }
         let records = creation
             .jobs
             .into_iter()
             .map(|(job, slot)| JobRecord::created(job, Some(slot)))
             .collect();
-        self.create_jobs(records).await?;
+        let write_workflows = async {
+            self.send_timer(&self.workflow_timer(&root.0.id, now))
+                .await?
+                .await
+                .map_err(backend("publishing a timer"))?;
+            for (id, rec_bytes, plan_bytes) in encoded {
+                for (key, bytes) in [(plan_key(&id), plan_bytes), (id, rec_bytes)] {
+                    if let Cas::Refused(_) =
+                        cas::write(kv, &key, bytes.into(), 0, "creating a workflow").await?
+                    {
+                        return Err(OjsError::backend(format!(
+                            "Workflow key {key} exists already."
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.create_jobs(records, write_workflows).await?;
         self.failpoint("workflow.jobs_created").await;
         let root_id = root.0.id.clone();
         let ready = cas::change(

@@ -1,10 +1,12 @@
 //! Leader service: turns every job-record write into the events it implies (events seed §3)
-//! and publishes them on `<namespace>.events.<type>`, moves the workflows of the jobs written
-//! on (architecture §3.16), and feeds the same writes to the deadline watch. Reading the writes from the jobs bucket's own stream means neither an
-//! event nor a deadline can be lost between a state write and its handling: a write stays
-//! unacknowledged until its events are stored and the watch no longer needs it.
+//! and publishes them on `<namespace>.events.<type>`, moves the workflows of the jobs
+//! written on (architecture §3.16), counts the writes in the queue statistics (§3.17), and
+//! feeds them to the deadline watch. Reading the writes from the jobs bucket's own stream
+//! means neither an event nor a deadline nor a count can be lost between a state write and
+//! its handling: a write stays unacknowledged until its events are stored, it is counted
+//! and the watch no longer needs it.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -14,7 +16,8 @@ use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
-use crate::domain::event::{job_events, step_events, Event};
+use crate::domain::event::{step_events, Event};
+use crate::domain::stats::Change;
 use crate::domain::trail::Step;
 use crate::domain::workflow;
 use crate::store::{JobWrite, Store};
@@ -53,6 +56,10 @@ impl EventPublisher {
                 }
             };
             unseen.begins_after(writes.starts_after);
+            // Writes before the feed were counted by earlier leaderships, or never will be.
+            if let Err(err) = self.store.mark_counted(writes.starts_after).await {
+                warn!(error = %err, "could not mark the writes before the feed counted");
+            }
             let mut watch = DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout());
             // The last write of every batch not yet acknowledged, oldest first.
             let mut unacked: VecDeque<JobWrite> = VecDeque::new();
@@ -125,11 +132,20 @@ impl EventPublisher {
         let source = self.store.event_source();
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
+        let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
         for w in batch {
             unseen.delivered(w.revision);
             if w.unreadable {
                 self.skip(w, "its record does not read as a job");
                 continue;
+            }
+            if let Some((queue, state)) = &w.removed {
+                counted.entry(queue.clone()).or_default().push(Change {
+                    sequence: w.revision,
+                    from: Some(*state),
+                    to: None,
+                    at: Utc::now(),
+                });
             }
             let Some(rec) = &w.record else { continue };
             let derived = catch_unwind(AssertUnwindSafe(|| {
@@ -148,16 +164,31 @@ impl EventPublisher {
                     .chain([(rec.transition, rec.job.state)])
                     .filter_map(|(transition, state)| workflow::seen_in(rec, transition, state))
                     .collect();
-                (recovered, job_events(rec, w.revision, source), seen)
+                let own = Step::of(rec, w.revision);
+                let changes: Vec<Change> = steps
+                    .into_iter()
+                    .chain([&own])
+                    .map(|step| Change {
+                        sequence: step.revision,
+                        from: step.from,
+                        to: Some(step.state),
+                        at: step.at,
+                    })
+                    .collect();
+                (recovered, step_events(rec, &own, source), seen, changes)
             }));
             match derived {
-                Ok((recovered, own, seen)) => {
+                Ok((recovered, own, seen, changes)) => {
                     if !recovered.is_empty() {
                         self.metrics.events_recovered(recovered.len());
                     }
                     events.extend(recovered);
                     events.extend(own);
                     workflows.extend(seen);
+                    counted
+                        .entry(rec.job.queue.clone())
+                        .or_default()
+                        .extend(changes);
                 }
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
@@ -172,6 +203,15 @@ impl EventPublisher {
         // Workflows move on after the events of the writes that moved them.
         while let Err(err) = self.store.advance_workflows(&workflows).await {
             warn!(error = %err, "moving workflows on failed; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        // The queue statistics, once the batch's events and workflows are done.
+        let through = batch.last().map_or(0, |w| w.revision);
+        while let Err(err) = self.store.count_writes(&counted, through).await {
+            warn!(error = %err, "counting job writes failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}

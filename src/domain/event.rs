@@ -34,6 +34,36 @@ impl Event {
     }
 }
 
+/// `queue.paused` or `queue.resumed` (events seed §3.3) for the registry write `revision`
+/// of `queue` at `at`: the id is fixed by the write, so announcing it again is a repeat the
+/// events stream drops.
+pub fn queue_event(
+    queue: &str,
+    paused: bool,
+    revision: u64,
+    at: DateTime<Utc>,
+    source: &str,
+) -> Event {
+    let event_type = if paused {
+        "queue.paused"
+    } else {
+        "queue.resumed"
+    };
+    Event {
+        specversion: "1.0".into(),
+        id: format!(
+            "evt_{}",
+            stable_uuid(&format!("queue/{queue}/{revision}/{event_type}"), at)
+        ),
+        event_type: event_type.into(),
+        source: source.into(),
+        time: at,
+        subject: Some(queue.into()),
+        datacontenttype: "application/json".into(),
+        data: json!({ "queue": queue }),
+    }
+}
+
 /// The events implied by one write of a job record, in lifecycle order. `revision` is the
 /// record's position in the jobs bucket; together with the job id it fixes the event ids.
 pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {

@@ -28,5 +28,6 @@ pub fn record(options: Value) -> JobRecord {
         dead_letter: None,
         trail: Vec::new(),
         slot: None,
+        from: None,
     }
 }

@@ -197,6 +197,10 @@ pub struct JobRecord {
     /// Its place in its workflow (`job.workflow_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<Slot>,
+    /// The state the write of this record left (none for the creation): what the queue
+    /// statistics count it from (`domain/stats.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<JobState>,
 }
 
 impl JobRecord {
@@ -209,6 +213,7 @@ impl JobRecord {
             dead_letter: None,
             trail: Vec::new(),
             slot,
+            from: None,
             job,
         }
     }

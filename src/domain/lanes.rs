@@ -48,12 +48,20 @@ pub fn admit<'a>(
             .with_detail("max_priorities_per_queue", limits.max_priorities_per_queue));
         }
     }
-    if queues + new_queues > limits.max_queues {
+    admit_queues(queues + new_queues, limits)
+}
+
+/// Refuses a registry of `total` queues when that is past `max_queues`: what a PUSH into new
+/// queues and a pause of a queue never seen (it registers the queue) are checked against.
+///
+/// # Errors
+/// 400 `invalid_request` naming the field and the limit.
+pub fn admit_queues(total: usize, limits: LaneLimits) -> Result<(), OjsError> {
+    if total > limits.max_queues {
         return Err(OjsError::invalid(
             "queue",
             format!(
-                "this would make {} queues; at most {} are allowed (setting max_queues).",
-                queues + new_queues,
+                "this would make {total} queues; at most {} are allowed (setting max_queues).",
                 limits.max_queues
             ),
         )

@@ -1,5 +1,5 @@
-//! Pure OJS: the envelope, its validation, the state machine, retry math, events and
-//! retention.
+//! Pure OJS: the envelope, its validation, the state machine, retry math, events,
+//! retention and queue statistics.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
 pub mod claim;
@@ -19,6 +19,7 @@ pub mod requests;
 pub mod retention;
 pub mod retry;
 pub mod state;
+pub mod stats;
 pub mod time;
 pub mod trail;
 pub mod worker;

@@ -51,6 +51,9 @@ pub struct Step {
         skip_serializing_if = "Option::is_none"
     )]
     pub until: Option<DateTime<Utc>>,
+    /// The job's state before the write, for the queue statistics.
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<JobState>,
 }
 
 impl Step {
@@ -91,16 +94,15 @@ impl Step {
             attempt: job.attempt,
             worker_id,
             until,
+            from: rec.from,
         }
     }
 
-    /// Whether the write has events at all: a redelivery and the creation of a pending job
-    /// have none, so they need no place in a trail.
-    fn has_events(&self) -> bool {
-        !matches!(
-            (self.transition, self.state),
-            (Transition::Redelivered, _) | (Transition::Created, JobState::Pending)
-        )
+    /// Whether the write matters to the publisher: a redelivery has no event and changes
+    /// no count (the creation of a pending job has no event, but counts), so it needs no
+    /// place in a trail.
+    fn matters(&self) -> bool {
+        self.transition != Transition::Redelivered
     }
 }
 
@@ -117,7 +119,7 @@ pub fn carry(before: &JobRecord, revision: u64, handled: u64) -> Vec<Step> {
     }
     let mut trail = before.trail.clone();
     let step = Step::of(before, revision);
-    if step.has_events() {
+    if step.matters() {
         trail.push(step);
     }
     let excess = trail.len().saturating_sub(MAX_TRAIL_STEPS);
@@ -157,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_without_events_take_no_place_and_the_oldest_steps_go_first() {
+    fn redeliveries_take_no_place_and_the_oldest_steps_go_first() {
         let mut rec = created();
         rec.transition = Transition::Redelivered;
         assert!(carry(&rec, 5, 0).is_empty());

@@ -8,9 +8,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
+use super::extract::query_number;
 use super::{job_id, respond, ApiError, SharedState};
 use crate::domain::envelope::validate_queue;
-use crate::domain::error::OjsError;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
@@ -22,23 +22,8 @@ pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let number = |key: &str, default: usize, max: usize| -> Result<usize, OjsError> {
-        match params.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n <= max)
-                .ok_or_else(|| {
-                    OjsError::invalid(
-                        key,
-                        format!("{key} must be an integer from 0 to {max}, got {v:?}."),
-                    )
-                }),
-        }
-    };
-    let limit = number("limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
-    let offset = number("offset", 0, MAX_OFFSET)?;
+    let limit = query_number(&params, "limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
+    let offset = query_number(&params, "offset", 0, MAX_OFFSET)?;
     let queue = params.get("queue").map(String::as_str);
     if let Some(q) = queue {
         validate_queue(q)?;

@@ -80,3 +80,28 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
         .into())
     }
 }
+
+/// A whole-number query parameter from 0 to `max`, `default` when absent.
+///
+/// # Errors
+/// 400 naming the parameter for anything else.
+pub fn query_number(
+    params: &std::collections::HashMap<String, String>,
+    key: &str,
+    default: usize,
+    max: usize,
+) -> Result<usize, OjsError> {
+    match params.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n <= max)
+            .ok_or_else(|| {
+                OjsError::invalid(
+                    key,
+                    format!("{key} must be an integer from 0 to {max}, got {v:?}."),
+                )
+            }),
+    }
+}

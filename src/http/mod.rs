@@ -8,6 +8,7 @@ mod error;
 mod events;
 mod extract;
 mod jobs;
+mod queues;
 mod system;
 mod workers;
 mod workflows;
@@ -60,6 +61,10 @@ pub fn router(state: SharedState) -> Router {
         .route("/ojs/v1/workers/nack", post(workers::fail))
         .route("/ojs/v1/workers/fail", post(workers::fail))
         .route("/ojs/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/ojs/v1/queues", get(queues::list))
+        .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
+        .route("/ojs/v1/queues/{name}/pause", post(queues::pause))
+        .route("/ojs/v1/queues/{name}/resume", post(queues::resume))
         .route("/ojs/v1/dead-letter", get(dead_letter::list))
         .route(
             "/ojs/v1/dead-letter/{id}",

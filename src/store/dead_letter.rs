@@ -6,7 +6,7 @@
 
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{DirectGetErrorKind, InfoWithSubjects};
+use async_nats::jetstream::stream::DirectGetErrorKind;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -77,16 +77,7 @@ impl Store {
         let stream = &self.inner.dead_letter;
         let subject = queue.map(|q| t.dead_letter_subject(q));
         let info = match &subject {
-            Some(s) => {
-                subject_counts(
-                    stream
-                        .info_with_subjects(s)
-                        .await
-                        .map_err(backend("reading the dead letter queue"))?,
-                    s,
-                )
-                .await
-            }
+            Some(s) => self.subject_counts(s).await?,
             None => stream
                 .get_info()
                 .await
@@ -202,16 +193,13 @@ impl Store {
         let mut raced = None;
         for round in 0..MAX_CAS_ATTEMPTS {
             let DeadLettered {
-                revision, entry, ..
+                record,
+                revision,
+                entry,
             } = self
                 .dead_lettered(id, Replica::after(raced.is_some()))
                 .await?;
-            let err = match self
-                .inner
-                .jobs
-                .purge_expect_revision(id, Some(revision))
-                .await
-            {
+            let err = match self.purge_record(&record, revision).await {
                 Ok(()) => {
                     self.failpoint("dead_letter.purged").await;
                     self.drop_dead_letter_entry(entry).await;
@@ -241,17 +229,36 @@ impl Store {
     }
 }
 
-/// First and last sequence of the stream, and the count of one subject in it.
-async fn subject_counts(mut info: InfoWithSubjects, subject: &str) -> (u64, u64, u64) {
-    let (first, last) = (
-        info.info.state.first_sequence,
-        info.info.state.last_sequence,
-    );
-    let mut count = 0;
-    while let Some(Ok((name, n))) = info.next().await {
-        if name == subject {
-            count = n as u64;
-        }
+impl Store {
+    /// How many entries the dead letter queue holds for `queue` (one stream info; stale
+    /// entries count, architecture §6 item 6).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn dead_letter_count(&self, queue: &str) -> Result<u64, OjsError> {
+        let subject = self.inner.topology.dead_letter_subject(queue);
+        Ok(self.subject_counts(&subject).await?.2)
     }
-    (first, last, count)
+
+    /// First and last sequence of the dead-letter stream, and the count of one subject in
+    /// it.
+    async fn subject_counts(&self, subject: &str) -> Result<(u64, u64, u64), OjsError> {
+        let mut info = self
+            .inner
+            .dead_letter
+            .info_with_subjects(subject)
+            .await
+            .map_err(backend("reading the dead letter queue"))?;
+        let (first, last) = (
+            info.info.state.first_sequence,
+            info.info.state.last_sequence,
+        );
+        let mut count = 0;
+        while let Some(Ok((name, n))) = info.next().await {
+            if name == subject {
+                count = n as u64;
+            }
+        }
+        Ok((first, last, count))
+    }
 }

@@ -214,12 +214,7 @@ impl Store {
             };
             let mut removed = false;
             for _ in 0..3 {
-                let err = match self
-                    .inner
-                    .jobs
-                    .purge_expect_revision(id, Some(*revision))
-                    .await
-                {
+                let err = match self.purge_record(rec, *revision).await {
                     Ok(()) => {
                         removed = true;
                         break;

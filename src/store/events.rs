@@ -10,11 +10,13 @@ use futures::StreamExt;
 use tracing::warn;
 
 use super::error::{all_stored, backend};
+use super::records::{REMOVED_QUEUE, REMOVED_STATE};
 use super::topology::Topology;
 use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::event::Event;
 use crate::domain::job::JobRecord;
+use crate::domain::state::JobState;
 
 /// Events read at most per query, so a selective filter cannot make one request scan the
 /// whole stream; the cursor continues where the scan stopped.
@@ -182,6 +184,9 @@ pub struct JobWrite {
     pub record: Option<JobRecord>,
     /// A put whose value is no job record (written by something else, or by a newer build).
     pub unreadable: bool,
+    /// For a purge marker of `Store::purge_record`: the queue and state of the record it
+    /// removed.
+    pub removed: Option<(String, JobState)>,
     pub revision: u64,
     msg: async_nats::jetstream::Message,
 }
@@ -289,9 +294,14 @@ impl JobWrites {
                         .and_then(|h| h.get("KV-Operation"))
                         .is_none();
                     let record = is_put.then(|| serde_json::from_slice(&msg.payload).ok());
+                    let removed = msg.headers.as_ref().and_then(|h| {
+                        let queue = h.get(REMOVED_QUEUE)?.as_str().to_owned();
+                        Some((queue, JobState::parse(h.get(REMOVED_STATE)?.as_str())?))
+                    });
                     Some(JobWrite {
                         id,
                         unreadable: record.as_ref().is_some_and(Option::is_none),
+                        removed,
                         record: record.flatten(),
                         revision,
                         msg,

@@ -129,7 +129,8 @@ impl Store {
             let delivered = wait_for_delivery(&lanes, until, stop).await;
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
-                if got.jobs.len() < req.count {
+                // Paused while this FETCH waited: the message goes back, first in line.
+                if got.jobs.len() < req.count && !self.inner.queues.is_paused(queue) {
                     let claim = self.claim(&msg, queue, *priority, req, deadline).await;
                     record_claim(&msg, claim, &mut got).await;
                 } else {

@@ -13,9 +13,11 @@ mod lease;
 mod mirror;
 mod pruner;
 mod puller;
+mod queue_ops;
 mod queues;
 mod recent;
 mod records;
+mod stats;
 mod timers;
 pub mod topology;
 mod transitions;
@@ -42,6 +44,8 @@ pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
 pub use lease::Lease;
 pub use pruner::{StoredWrite, WriteBody};
+pub use queue_ops::QueueStats;
+pub use queues::QueueMeta;
 use queues::QueueRegistry;
 pub use records::Settled;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
@@ -80,6 +84,8 @@ struct Inner {
     cron_kv: kv::Store,
     /// Workflow records and plans (`workflows.rs`).
     workflows: kv::Store,
+    /// Queue statistics (`stats.rs`).
+    stats: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
     queues: QueueRegistry,
@@ -185,6 +191,8 @@ impl Store {
             Duration::ZERO,
         )
         .await?;
+        let stats =
+            ensure_bucket(&js, &topology, &topology.stats_bucket(), 1, Duration::ZERO).await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
         let handled =
             handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
@@ -232,6 +240,7 @@ impl Store {
                 workers,
                 cron_kv,
                 workflows,
+                stats,
                 cron,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),
@@ -331,6 +340,7 @@ impl Store {
             format!("KV_{}", t.workers_bucket()),
             format!("KV_{}", t.cron_bucket()),
             format!("KV_{}", t.workflows_bucket()),
+            format!("KV_{}", t.stats_bucket()),
             format!("KV_{}", t.coordinator_bucket()),
             t.events_stream(),
             t.timers_stream(),
@@ -351,6 +361,7 @@ impl Store {
                 .map_err(backend("finding a stream to purge"))?;
             stream.purge().await.map_err(backend("purging a stream"))?;
         }
+        self.restart_counting().await?;
         self.inner.queues.clear();
         self.inner.cron.clear();
         self.inner

@@ -31,8 +31,43 @@ pub struct QueueMeta {
     pub priorities: Vec<i32>,
     #[serde(default)]
     pub paused: bool,
+    /// When the pause in force began.
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub paused_at: Option<DateTime<Utc>>,
+    /// When the last resume happened, while not paused.
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resumed_at: Option<DateTime<Utc>>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
+}
+
+impl QueueMeta {
+    /// When the pause or resume in force happened (the creation for a queue never paused).
+    pub fn status_since(&self) -> DateTime<Utc> {
+        self.paused_at
+            .or(self.resumed_at)
+            .unwrap_or(self.created_at)
+    }
+
+    /// The entry of a queue registered now, with no lane yet.
+    fn new(name: &str, now: DateTime<Utc>) -> QueueMeta {
+        QueueMeta {
+            name: name.to_owned(),
+            priorities: Vec::new(),
+            paused: false,
+            paused_at: None,
+            resumed_at: None,
+            created_at: now,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -154,6 +189,70 @@ impl QueueRegistry {
         lanes::admit(lanes, in_use, mirror.values().len(), self.inner.limits)
     }
 
+    /// Every registered queue, by name (this replica's copy of the bucket, at most
+    /// `max_queues` entries).
+    pub fn list(&self) -> Vec<QueueMeta> {
+        let mut queues = self.inner.queues.values();
+        queues.sort_by(|a, b| a.name.cmp(&b.name));
+        queues
+    }
+
+    /// Whether this replica's copy of the registry has `queue` paused. A message a
+    /// long-polling FETCH receives is checked against it, so a pause stops FETCHes that were
+    /// already waiting too.
+    pub fn is_paused(&self, queue: &str) -> bool {
+        self.inner
+            .queues
+            .get(&encode_queue(queue))
+            .is_some_and(|m| m.paused)
+    }
+
+    /// Pauses or resumes `queue` (queue-ops: a queue never seen is registered, within
+    /// `max_queues`). Gives the entry as written, its revision, and whether this call
+    /// changed it; every replica's FETCH follows the entry through its watch.
+    ///
+    /// # Errors
+    /// 400 past `max_queues`; 409/503 when the entry kept changing; `backend_error`.
+    pub async fn set_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(QueueMeta, u64, bool), OjsError> {
+        let reg = &self.inner;
+        let key = encode_queue(queue);
+        if reg.queues.get(&key).is_none() {
+            lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
+        }
+        let mut changed = false;
+        let written = cas::change(
+            &reg.kv,
+            &key,
+            "queue",
+            queue,
+            |current: Option<&QueueMeta>| {
+                let mut meta = current
+                    .cloned()
+                    .unwrap_or_else(|| QueueMeta::new(queue, now));
+                changed = current.is_none_or(|m| m.paused != paused);
+                if !changed {
+                    return None;
+                }
+                meta.paused = paused;
+                meta.paused_at = paused.then_some(now);
+                meta.resumed_at = (!paused).then_some(now);
+                Some(meta)
+            },
+        )
+        .await?;
+        reg.queues
+            .remember(&key, written.revision, written.value.clone());
+        let meta = written
+            .value
+            .ok_or_else(|| OjsError::backend(format!("Queue {queue} vanished while pausing.")))?;
+        Ok((meta, written.revision, changed))
+    }
+
     /// Makes sure the queue's stream and the consumer for `priority` exist and that the
     /// registry lists the priority, before any message with that priority is published.
     pub async fn ensure(
@@ -190,12 +289,9 @@ impl QueueRegistry {
                 if current.is_some_and(|m| m.priorities.contains(&priority)) {
                     return None; // another replica registered it meanwhile
                 }
-                let mut meta = current.cloned().unwrap_or(QueueMeta {
-                    name: queue.to_owned(),
-                    priorities: Vec::new(),
-                    paused: false,
-                    created_at: now,
-                });
+                let mut meta = current
+                    .cloned()
+                    .unwrap_or_else(|| QueueMeta::new(queue, now));
                 meta.priorities.push(priority);
                 meta.priorities.sort_unstable_by(|a, b| b.cmp(a));
                 Some(meta)

@@ -4,7 +4,7 @@
 //! live beside: `enqueue.rs`, `fetch.rs`, `transitions.rs`; docs/architecture.md §4 gives
 //! the order of their NATS calls and what a crash between two of them leaves.
 
-use async_nats::jetstream::{context::PublishAckFuture, message::PublishMessage, AckKind};
+use async_nats::jetstream::{context::PublishAckFuture, kv, message::PublishMessage, AckKind};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -155,6 +155,7 @@ impl Store {
         revision: u64,
     ) -> Result<Cas, OjsError> {
         rec.trail = trail::carry(before, revision, self.inner.handled.through());
+        rec.from = Some(before.job.state);
         let bytes = rec.to_bytes();
         if bytes.len() > self.inner.max_record_bytes {
             let mut err = too_large("job", bytes.len(), self.inner.max_record_bytes);
@@ -175,6 +176,41 @@ impl Store {
         .await
     }
 }
+
+impl Store {
+    /// Removes the record `rec` if the job is still at `revision`, as KV's purge does, with
+    /// the queue and state it leaves in headers (`Ojs-Queue`, `Ojs-State`) so that the
+    /// queue statistics count the removal from the marker alone (architecture §3.17).
+    ///
+    /// # Errors
+    /// A wrong revision as async-nats reports it for a purge, or the publish's failure.
+    pub(super) async fn purge_record(
+        &self,
+        rec: &JobRecord,
+        revision: u64,
+    ) -> Result<(), kv::UpdateError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("KV-Operation", "PURGE");
+        headers.insert("Nats-Rollup", "sub");
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            revision.to_string().as_str(),
+        );
+        headers.insert(REMOVED_QUEUE, rec.job.queue.as_str());
+        headers.insert(REMOVED_STATE, rec.job.state.as_str());
+        let subject = format!("$KV.{}.{}", self.inner.topology.jobs_bucket(), rec.job.id);
+        self.inner
+            .js
+            .publish_with_headers(subject, headers, bytes::Bytes::new())
+            .await?
+            .await?;
+        Ok(())
+    }
+}
+
+/// Headers of a purge marker naming the queue and state of the record it removed.
+pub(super) const REMOVED_QUEUE: &str = "Ojs-Queue";
+pub(super) const REMOVED_STATE: &str = "Ojs-State";
 
 /// A stored value of the jobs bucket as a [`Lookup`]: a record, or (`None`) a removal
 /// marker.

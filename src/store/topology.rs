@@ -52,6 +52,16 @@ impl Topology {
         format!("{}-workflows", self.namespace)
     }
 
+    /// Queue statistics: the counters of each queue and how far the leader counted.
+    pub fn stats_bucket(&self) -> String {
+        format!("{}-stats", self.namespace)
+    }
+
+    /// Unique-job locks, keyed by the hash of a job's unique key.
+    pub fn unique_bucket(&self) -> String {
+        format!("{}-unique", self.namespace)
+    }
+
     pub fn leases_bucket(&self) -> String {
         format!("{}-leases", self.namespace)
     }

@@ -1,0 +1,122 @@
+//! Queues (HTTP binding §11): list, statistics, pause and resume.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::extract::query_number;
+use super::{respond, ApiError, SharedState};
+use crate::domain::envelope::validate_queue;
+use crate::domain::state::JobState;
+use crate::store::QueueMeta;
+
+const DEFAULT_LIMIT: usize = 50;
+const MAX_LIMIT: usize = 200;
+
+fn status(paused: bool) -> &'static str {
+    if paused {
+        "paused"
+    } else {
+        "active"
+    }
+}
+
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let limit = query_number(&params, "limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
+    let offset = query_number(&params, "offset", 0, usize::MAX)?;
+    let all = state.store.queues();
+    let total = all.len();
+    let page: Vec<Value> = all
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|q| {
+            json!({
+                "name": q.name,
+                "status": status(q.paused),
+                "paused": q.paused,
+                "created_at": crate::domain::time::format(q.created_at),
+            })
+        })
+        .collect();
+    let has_more = offset.saturating_add(page.len()) < total;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "queues": page,
+            "pagination": {"total": total, "limit": limit, "offset": offset, "has_more": has_more},
+        }),
+    ))
+}
+
+/// The union of the shapes clients read (docs: the suites' `queue` object, the HTTP
+/// binding's `stats` and `status`, flat counters with `name` and `paused`).
+pub async fn stats(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let stats = state.store.queue_stats(&name).await?;
+    let paused = stats.meta.as_ref().is_some_and(|m| m.paused);
+    let mut counts = serde_json::Map::new();
+    for s in JobState::ALL {
+        counts.insert(s.as_str().into(), json!(stats.counts.states.of(s)));
+    }
+    counts.insert("dead".into(), json!(stats.dead));
+    counts.insert(
+        "throughput_per_second".into(),
+        json!(stats.counts.throughput(stats.computed_at)),
+    );
+    let mut queue = counts.clone();
+    queue.insert("name".into(), json!(name));
+    queue.insert("paused".into(), json!(paused));
+    queue.insert("status".into(), json!(status(paused)));
+    let mut body = queue.clone();
+    body.insert("queue".into(), Value::Object(queue));
+    body.insert("stats".into(), Value::Object(counts));
+    body.insert(
+        "computed_at".into(),
+        json!(crate::domain::time::format(stats.computed_at)),
+    );
+    Ok(respond(StatusCode::OK, &body))
+}
+
+pub async fn pause(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_paused(state, name, true).await
+}
+
+pub async fn resume(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_paused(state, name, false).await
+}
+
+async fn set_paused(state: SharedState, name: String, paused: bool) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let meta: QueueMeta = state.store.pause_queue(&name, paused).await?;
+    let mut queue = json!({
+        "name": meta.name,
+        "paused": meta.paused,
+        "status": status(meta.paused),
+    });
+    if let Some(at) = meta.paused_at {
+        queue["paused_at"] = json!(crate::domain::time::format(at));
+    }
+    if let Some(at) = meta.resumed_at {
+        queue["resumed_at"] = json!(crate::domain::time::format(at));
+    }
+    // The queue's fields also at the top level, where the HTTP binding puts them.
+    let mut body = queue.clone();
+    body["queue"] = queue;
+    Ok(respond(StatusCode::OK, &body))
+}

@@ -20,7 +20,7 @@ use crate::domain::event::{step_events, Event};
 use crate::domain::stats::Change;
 use crate::domain::trail::Step;
 use crate::domain::workflow;
-use crate::store::{JobWrite, Store};
+use crate::store::{ended_lock, JobWrite, Store};
 use crate::telemetry::metrics::Metrics;
 
 /// Pause before publishing again what NATS refused.
@@ -133,6 +133,7 @@ impl EventPublisher {
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
         let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
+        let mut released = Vec::new();
         for w in batch {
             unseen.delivered(w.revision);
             if w.unreadable {
@@ -189,6 +190,7 @@ impl EventPublisher {
                         .entry(rec.job.queue.clone())
                         .or_default()
                         .extend(changes);
+                    released.extend(ended_lock(rec));
                 }
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
@@ -217,6 +219,8 @@ impl EventPublisher {
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}
             }
         }
+        // Best effort: a lock left behind is taken over by the next enqueue of its key.
+        self.store.release_unique_locks(&released).await;
         true
     }
 

@@ -15,6 +15,7 @@ use super::job::{Job, SPEC_VERSION};
 use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
+use super::unique::UniquePolicy;
 
 /// Core §5.3: clients never set these; their values are dropped on input.
 const SYSTEM_FIELDS: &[&str] = &[
@@ -223,12 +224,13 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         None => RetryPolicy::default(),
         Some(v) => RetryPolicy::from_value(v)?,
     };
-    // Not enforced yet: `unique` is kept and PUSH warns about it (the core conformance
-    // suite enqueues it and expects 201); a rate limit is refused rather than ignored.
+    // Kept as sent (echoed); PUSH reads it again to take the key's lock (`unique.rs`).
     let unique = match opts.get("unique") {
         None => None,
-        Some(v @ Value::Object(_)) => Some(v.clone()),
-        Some(other) => return Err(type_error("unique", "an object", other)),
+        Some(v) => {
+            UniquePolicy::parse(v, &args)?;
+            Some(v.clone())
+        }
     };
     if opts.get("rate_limit").is_some() {
         return Err(OjsError::new(

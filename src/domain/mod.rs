@@ -22,5 +22,6 @@ pub mod state;
 pub mod stats;
 pub mod time;
 pub mod trail;
+pub mod unique;
 pub mod worker;
 pub mod workflow;

@@ -853,7 +853,7 @@ fn member_job(
     let Value::Object(obj) = spec else {
         return Err(invalid(path, "Each job must be a JSON object."));
     };
-    for option in ["scheduled_at", "delay_until", "pending"] {
+    for option in ["scheduled_at", "delay_until", "pending", "unique"] {
         let given = obj.contains_key(option)
             || obj
                 .get("options")

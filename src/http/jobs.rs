@@ -12,6 +12,7 @@ use super::{job_id, respond, ApiError, SharedState};
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Job;
+use crate::store::Enqueued;
 
 /// Most jobs one batch may carry.
 const MAX_BATCH: usize = 10_000;
@@ -21,11 +22,18 @@ pub async fn enqueue(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let job = envelope::parse(Value::Object(body), Utc::now(), Uuid::now_v7())?;
-    let job = state.store.enqueue(vec![job]).await?.remove(0);
+    let job = match state.store.enqueue(vec![job]).await? {
+        Enqueued::Created(mut jobs) => jobs.remove(0),
+        // Unique `ignore`: the job holding the key (unique-jobs spec §5.4).
+        Enqueued::Existing(job) => {
+            return Ok(respond(
+                StatusCode::OK,
+                &json!({ "job": job, "deduplicated": true }),
+            ))
+        }
+    };
     let location = format!("/ojs/v1/jobs/{}", job.id);
-    let mut body = json!({ "job": job });
-    with_warnings(&mut body, std::slice::from_ref(&job));
-    let mut response = respond(StatusCode::CREATED, &body);
+    let mut response = respond(StatusCode::CREATED, &json!({ "job": job }));
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -83,22 +91,16 @@ pub async fn enqueue_batch(
         .with_detail("index", index)
         .into());
     }
-    let jobs = state.store.enqueue(jobs).await?;
-    let mut body = json!({ "jobs": jobs, "count": jobs.len() });
-    with_warnings(&mut body, &jobs);
-    Ok(respond(StatusCode::CREATED, &body))
-}
-
-/// Adds `warnings` for what the jobs ask for that this server does not do yet, so that no
-/// option is ignored silently.
-fn with_warnings(body: &mut Value, jobs: &[Job]) {
-    if jobs.iter().any(|j| j.unique.is_some()) {
-        body["warnings"] = json!([{
-            "code": "unsupported",
-            "field": "options.unique",
-            "message": "Unique-job policies are stored but not enforced by this server yet: duplicates are not prevented.",
-        }]);
-    }
+    Ok(match state.store.enqueue(jobs).await? {
+        Enqueued::Created(jobs) => respond(
+            StatusCode::CREATED,
+            &json!({ "jobs": jobs, "count": jobs.len() }),
+        ),
+        Enqueued::Existing(job) => respond(
+            StatusCode::OK,
+            &json!({ "jobs": [job], "count": 1, "deduplicated": true }),
+        ),
+    })
 }
 
 fn first_repeated_id(jobs: &[Job]) -> Option<usize> {

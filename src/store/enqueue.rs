@@ -23,15 +23,37 @@ impl Store {
     /// without a message.
     ///
     /// # Errors
-    /// 409 `duplicate` when an id exists (nothing of the batch stays), 413 for an envelope
+    /// 409 `duplicate` when an id exists or a unique key is held (nothing of the batch
+    /// stays), 413 for an envelope
     /// over the server's payload limit, 429 `queue_full` when its timers would pass
     /// `max_pending_timers`, `backend_error` when NATS fails.
-    pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Vec<Job>, OjsError> {
-        let records = jobs
+    pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Enqueued, OjsError> {
+        let mut records: Vec<JobRecord> = jobs
             .into_iter()
             .map(|job| JobRecord::created(job, None))
             .collect();
-        self.create_jobs(records, async { Ok(()) }).await
+        if records.iter().all(|r| r.job.unique.is_none()) {
+            return Ok(Enqueued::Created(
+                self.create_jobs(records, async { Ok(()) }).await?,
+            ));
+        }
+        // Unique jobs: their keys' locks first (`unique.rs`, architecture §3.18).
+        let taken = match self.take_unique_locks(&mut records).await? {
+            Ok(taken) => taken,
+            Err(existing) => return Ok(Enqueued::Existing(existing)),
+        };
+        match self.create_jobs(records, async { Ok(()) }).await {
+            Ok(jobs) => Ok(Enqueued::Created(jobs)),
+            Err(err) => {
+                let kept: Vec<String> = err
+                    .details
+                    .get("kept_job_ids")
+                    .and_then(|v| serde_json::from_value(v.clone()).ok())
+                    .unwrap_or_default();
+                self.release_taken(&taken, &kept).await;
+                Err(err)
+            }
+        }
     }
 
     /// PUSH of records made ready (the jobs of a workflow carry their place in it). `first`
@@ -239,6 +261,15 @@ impl Store {
         }
         kept
     }
+}
+
+/// What a PUSH came to.
+#[derive(Debug)]
+pub enum Enqueued {
+    /// The jobs, as created.
+    Created(Vec<Job>),
+    /// A unique job under `ignore` met the job holding its key: that job, nothing written.
+    Existing(Box<Job>),
 }
 
 /// A record this PUSH created: still at the revision its create wrote, or already changed

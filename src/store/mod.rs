@@ -21,6 +21,7 @@ mod stats;
 mod timers;
 pub mod topology;
 mod transitions;
+mod unique;
 mod workers;
 mod workflows;
 
@@ -40,6 +41,7 @@ use crate::failpoint::Failpoints;
 
 pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
+pub use enqueue::Enqueued;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
 pub use lease::Lease;
@@ -50,6 +52,7 @@ use queues::QueueRegistry;
 pub use records::Settled;
 pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
+pub use unique::ended_lock;
 pub use workers::{BeatReply, WorkerRecord, WorkerState};
 pub use workflows::WorkflowView;
 
@@ -86,6 +89,8 @@ struct Inner {
     workflows: kv::Store,
     /// Queue statistics (`stats.rs`).
     stats: kv::Store,
+    /// Unique-job locks (`unique.rs`).
+    unique: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
     queues: QueueRegistry,
@@ -193,6 +198,8 @@ impl Store {
         .await?;
         let stats =
             ensure_bucket(&js, &topology, &topology.stats_bucket(), 1, Duration::ZERO).await?;
+        let unique =
+            ensure_bucket(&js, &topology, &topology.unique_bucket(), 1, Duration::ZERO).await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
         let handled =
             handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
@@ -241,6 +248,7 @@ impl Store {
                 cron_kv,
                 workflows,
                 stats,
+                unique,
                 cron,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),
@@ -341,6 +349,7 @@ impl Store {
             format!("KV_{}", t.cron_bucket()),
             format!("KV_{}", t.workflows_bucket()),
             format!("KV_{}", t.stats_bucket()),
+            format!("KV_{}", t.unique_bucket()),
             format!("KV_{}", t.coordinator_bucket()),
             t.events_stream(),
             t.timers_stream(),

@@ -12,6 +12,7 @@ use super::duration;
 use super::error::{ErrorCode, OjsError};
 use super::fields::{self, missing, type_error};
 use super::job::{Job, SPEC_VERSION};
+use super::rate_limit::RateLimit;
 use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
@@ -232,13 +233,14 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
             Some(v.clone())
         }
     };
-    if opts.get("rate_limit").is_some() {
-        return Err(OjsError::new(
-            ErrorCode::Unsupported,
-            "options.rate_limit is not supported by this server yet; the job was not enqueued.",
-        )
-        .with_detail("field", "rate_limit"));
-    }
+    // Kept as sent (echoed); PUSH registers it as the queue's limit (`rate_limit.rs`).
+    let rate_limit = match opts.get("rate_limit") {
+        None => None,
+        Some(v) => {
+            RateLimit::parse(v, &queue)?;
+            Some(v.clone())
+        }
+    };
     let tags = match opts.get("tags") {
         None => None,
         Some(Value::Array(a)) => Some(
@@ -282,6 +284,7 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         tags,
         retry,
         unique,
+        rate_limit,
         schema,
         scheduled_at: scheduled.map(|(text, _)| text),
         expires_at,
@@ -615,9 +618,13 @@ mod tests {
     }
 
     #[test]
-    fn rate_limits_are_refused_and_unique_policies_kept() {
-        let e =
-            err(json!({"type": "a", "args": [], "options": {"rate_limit": {"max_per_second": 1}}}));
+    fn rate_limits_and_unique_policies_are_checked_and_kept() {
+        let j =
+            ok(json!({"type": "a", "args": [], "options": {"rate_limit": {"max_per_second": 1}}}));
+        assert_eq!(j.rate_limit, Some(json!({"max_per_second": 1})));
+        let e = err(
+            json!({"type": "a", "args": [], "options": {"rate_limit": {"concurrency": 1, "max_per_second": 1}}}),
+        );
         assert_eq!(e.code, ErrorCode::Unsupported);
         let j = ok(json!({"type": "a", "args": [], "options": {"unique": {"period": "PT1H"}}}));
         assert_eq!(j.unique, Some(json!({"period": "PT1H"})));

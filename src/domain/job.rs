@@ -37,9 +37,12 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<Vec<String>>,
     pub retry: RetryPolicy,
-    /// Stored and echoed, not enforced yet: PUSH answers with a warning saying so.
+    /// The unique-job policy as sent (`domain/unique.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<Value>,
+    /// The rate limit as sent; PUSH makes it its queue's (`domain/rate_limit.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     /// Absolute RFC 3339; a client's absolute value is kept verbatim.

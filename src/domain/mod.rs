@@ -15,6 +15,7 @@ pub mod horizon;
 pub mod job;
 pub mod lanes;
 pub mod lifecycle;
+pub mod rate_limit;
 pub mod requests;
 pub mod retention;
 pub mod retry;

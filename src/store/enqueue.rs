@@ -104,6 +104,7 @@ impl Store {
         for (queue, priority) in lanes {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
+        self.ensure_rate_limits(&records, now).await?;
 
         // A claim that gets one of these messages before its record exists waits for this
         // PUSH instead of re-reading (architecture §3.12); withdrawn however the PUSH ends.

@@ -74,6 +74,13 @@ where
     }
 }
 
+/// Whether JetStream itself refused (an API error answer, such as a stream limit), as
+/// opposed to not answering.
+pub fn server_refused(err: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(err), |e| e.source())
+        .any(|e| e.downcast_ref::<async_nats::jetstream::Error>().is_some())
+}
+
 /// Whether a compare-and-set write lost to another write of the key, for either reason
 /// of [`Refused`].
 pub fn lost_race<K>(err: &async_nats::error::Error<K>, outdated: K) -> bool

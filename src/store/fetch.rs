@@ -75,16 +75,25 @@ async fn wait_for_delivery(
     got
 }
 
+/// What a delivered message came to.
+enum Claimed {
+    Job(Job),
+    /// Stale, spent or put back: nothing for the worker.
+    Nothing,
+    /// Its queue's rate limit has no start left in this window: put back, first in line.
+    Limited,
+}
+
 /// Adds a claim's outcome to `got`; a message whose claim failed is released for another
 /// fetch, and the failure reported only if nothing was claimed.
 async fn record_claim(
     msg: &async_nats::jetstream::Message,
-    claim: Result<Option<Job>, OjsError>,
+    claim: Result<Claimed, OjsError>,
     got: &mut Claims,
 ) {
     match claim {
-        Ok(Some(job)) => got.jobs.push(job),
-        Ok(None) => {}
+        Ok(Claimed::Job(job)) => got.jobs.push(job),
+        Ok(Claimed::Nothing | Claimed::Limited) => {}
         Err(err) => {
             settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
             got.failure.get_or_insert(err);
@@ -114,12 +123,15 @@ impl Store {
             let registry_changed = self.inner.queues.changed();
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
-            let lanes = self.fetch_now(req, deadline, &mut got).await;
+            let (lanes, recheck) = self.fetch_now(req, deadline, &mut got).await;
             let Some(until) = until
                 .filter(|u| got.is_empty() && *u > Instant::now() && !stop_waiting.is_cancelled())
             else {
                 break;
             };
+            // Rate-limited queues are not waited on (a delivery would skip their limit):
+            // they are looked at again when their next start may be free.
+            let until = recheck.map_or(until, |r| until.min(Instant::now() + r));
             let stop = async {
                 tokio::select! {
                     () = registry_changed => {}
@@ -131,7 +143,10 @@ impl Store {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused while this FETCH waited: the message goes back, first in line.
                 if got.jobs.len() < req.count && !self.inner.queues.is_paused(queue) {
-                    let claim = self.claim(&msg, queue, *priority, req, deadline).await;
+                    let limited = self.inner.queues.rate_limit(queue).is_some();
+                    let claim = self
+                        .claim(&msg, queue, *priority, req, deadline, limited)
+                        .await;
                     record_claim(&msg, claim, &mut got).await;
                 } else {
                     settle(&msg, AckKind::Nak(None)).await;
@@ -151,68 +166,85 @@ impl Store {
     }
 
     /// Claims what the named queues hold now, up to the request's count; returns every
-    /// queue lane it looked at. A failure, or the deadline, stops it and is kept in `got`,
-    /// so jobs already claimed are still handed out.
+    /// queue lane it looked at that a waiting FETCH may wait on, and when to look again at
+    /// the rate-limited queues it met (those are never waited on). A failure, or the
+    /// deadline, stops it and is kept in `got`, so jobs already claimed are still handed
+    /// out.
     async fn fetch_now(
         &self,
         req: &FetchRequest,
         deadline: Instant,
         got: &mut Claims,
-    ) -> Vec<(String, i32, Puller)> {
+    ) -> (Vec<(String, i32, Puller)>, Option<Duration>) {
         let mut lanes = Vec::new();
+        let mut recheck: Option<Duration> = None;
         for queue in &req.queues {
             if Instant::now() >= deadline {
                 got.failure.get_or_insert_with(out_of_time);
-                return lanes;
+                return (lanes, recheck);
             }
             let meta = match self.inner.queues.lookup(queue).await {
                 Ok(Some(meta)) if !meta.paused => meta,
                 Ok(_) => continue,
                 Err(err) => {
                     got.failure.get_or_insert(err);
-                    return lanes;
+                    return (lanes, recheck);
                 }
             };
-            for priority in meta.priorities {
+            if let Some(limit) = meta.rate_limit {
+                recheck = Some(recheck.map_or(limit.recheck(), |r| r.min(limit.recheck())));
+            }
+            'lanes: for priority in meta.priorities {
                 let puller = match self.inner.queues.puller(queue, priority).await {
                     Ok(puller) => puller,
                     Err(err) => {
                         got.failure.get_or_insert(err);
-                        return lanes;
+                        return (lanes, recheck);
                     }
                 };
                 loop {
                     let need = req.count.saturating_sub(got.jobs.len());
                     if need == 0 || got.failure.is_some() {
-                        return lanes;
+                        return (lanes, recheck);
                     }
+                    // A rate-limited queue's jobs one at a time: each start takes a token.
+                    let want = if meta.rate_limit.is_some() { 1 } else { need };
                     // A message the loop hands out after this gives up is released there.
-                    let Ok(delivered) = tokio::time::timeout_at(deadline, puller.pull(need)).await
+                    let Ok(delivered) = tokio::time::timeout_at(deadline, puller.pull(want)).await
                     else {
                         got.failure.get_or_insert_with(out_of_time);
-                        return lanes;
+                        return (lanes, recheck);
                     };
                     if delivered.is_empty() {
                         break;
                     }
                     // Each message is its own job: claimed side by side, so the reads and
                     // writes of a FETCH of many go to NATS together; kept in delivery order.
+                    let limited = meta.rate_limit.is_some();
                     let claims = delivered
                         .iter()
-                        .map(|msg| self.claim(msg, queue, priority, req, deadline));
+                        .map(|msg| self.claim(msg, queue, priority, req, deadline, limited));
+                    let mut limit_reached = false;
                     for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
+                        limit_reached |= matches!(claim, Ok(Claimed::Limited));
                         record_claim(msg, claim, got).await;
                     }
+                    if limit_reached {
+                        break 'lanes;
+                    }
                 }
-                lanes.push((queue.clone(), priority, puller));
+                if meta.rate_limit.is_none() {
+                    lanes.push((queue.clone(), priority, puller));
+                }
             }
         }
-        lanes
+        (lanes, recheck)
     }
 
     /// Claims the job a delivered queue message points to, or settles the message when it
-    /// is stale. `None` when nothing was claimed. Past `deadline` it starts no read or
-    /// write, and fails (`record_claim` hands the message back).
+    /// is stale. A job of a rate-limited queue (`limited`) starts only with a start of its
+    /// window. Past `deadline` it starts no read or write, and fails (`record_claim` hands
+    /// the message back).
     async fn claim(
         &self,
         msg: &async_nats::jetstream::Message,
@@ -220,14 +252,15 @@ impl Store {
         priority: i32,
         req: &FetchRequest,
         deadline: Instant,
-    ) -> Result<Option<Job>, OjsError> {
+        limited: bool,
+    ) -> Result<Claimed, OjsError> {
         let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
             warn!(subject = %msg.subject, "dropping an unreadable queue message");
             settle(msg, AckKind::Term).await;
-            return Ok(None);
+            return Ok(Claimed::Nothing);
         };
         let (Some(reply), Ok(info)) = (msg.reply.as_ref(), msg.info()) else {
-            return Ok(None);
+            return Ok(Claimed::Nothing);
         };
         let delivery = Delivery {
             ack_subject: reply.to_string(),
@@ -245,6 +278,7 @@ impl Store {
 
         self.failpoint("fetch.claiming").await;
         let mut raced = None;
+        let mut started = false;
         for attempt in 0..MAX_CAS_ATTEMPTS {
             if Instant::now() >= deadline {
                 return Err(out_of_time());
@@ -266,7 +300,7 @@ impl Store {
                     Lookup::Found(rec, revision) => (*rec, revision),
                     Lookup::Removed => {
                         settle(msg, AckKind::Term).await;
-                        return Ok(None);
+                        return Ok(Claimed::Nothing);
                     }
                     Lookup::Missing => {
                         // The enqueue that published this message may still be creating the
@@ -280,7 +314,7 @@ impl Store {
                             AckKind::Nak(Some(Duration::from_secs(1)))
                         };
                         settle(msg, kind).await;
-                        return Ok(None);
+                        return Ok(Claimed::Nothing);
                     }
                 },
             };
@@ -300,20 +334,29 @@ impl Store {
                         continue;
                     }
                     settle(msg, AckKind::Nak(Some(Duration::from_millis(200)))).await;
-                    return Ok(None);
+                    return Ok(Claimed::Nothing);
                 }
                 Ok(ClaimStep::Spent) => {
                     settle(msg, AckKind::Ack).await;
-                    return Ok(None);
+                    return Ok(Claimed::Nothing);
                 }
                 Ok(ClaimStep::Foreign) => {
                     settle(msg, AckKind::Term).await;
-                    return Ok(None);
+                    return Ok(Claimed::Nothing);
                 }
                 Err(err) => return Err(err),
             };
             if Instant::now() >= deadline {
                 return Err(out_of_time());
+            }
+            // One start of the window per job started (a lost race keeps it: the next round
+            // writes the same start).
+            if limited && next.transition == Transition::Started && !started {
+                if !self.take_start(queue).await? {
+                    settle(msg, AckKind::Nak(None)).await;
+                    return Ok(Claimed::Limited);
+                }
+                started = true;
             }
             self.prepare(&rec, &mut next).await?;
             // No deadline timer here: the leader watches the job from this write (§3.6).
@@ -332,18 +375,18 @@ impl Store {
             return Ok(match next.job.state {
                 JobState::Active if next.transition == Transition::Redelivered => {
                     settle(msg, AckKind::Progress).await;
-                    None
+                    Claimed::Nothing
                 }
-                JobState::Active => Some(next.job),
+                JobState::Active => Claimed::Job(next.job),
                 _ => {
                     settle(msg, AckKind::Ack).await;
-                    None
+                    Claimed::Nothing
                 }
             });
         }
         debug!(job_id = %d.id, "claim lost every compare-and-set; leaving the message for later");
         settle(msg, AckKind::Nak(Some(Duration::from_millis(100)))).await;
-        Ok(None)
+        Ok(Claimed::Nothing)
     }
 }
 

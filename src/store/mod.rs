@@ -15,6 +15,7 @@ mod pruner;
 mod puller;
 mod queue_ops;
 mod queues;
+mod rate_limit;
 mod recent;
 mod records;
 mod stats;
@@ -357,7 +358,9 @@ impl Store {
         ];
         while let Some(name) = names.next().await {
             let name = name.map_err(backend("listing streams"))?;
-            if name.starts_with(&t.queue_stream_prefix()) {
+            if name.starts_with(&t.queue_stream_prefix())
+                || name.starts_with(&t.rate_stream_prefix())
+            {
                 streams.push(name);
             }
         }

@@ -21,6 +21,7 @@ use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
 use crate::domain::error::OjsError;
 use crate::domain::lanes::{self, LaneLimits};
+use crate::domain::rate_limit::RateLimit;
 use crate::domain::time;
 
 /// A queue's entry in the queues bucket.
@@ -45,6 +46,9 @@ pub struct QueueMeta {
         skip_serializing_if = "Option::is_none"
     )]
     pub resumed_at: Option<DateTime<Utc>>,
+    /// Starts allowed per window, across every replica (`rate_limit.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
 }
@@ -65,6 +69,7 @@ impl QueueMeta {
             paused: false,
             paused_at: None,
             resumed_at: None,
+            rate_limit: None,
             created_at: now,
         }
     }
@@ -205,6 +210,48 @@ impl QueueRegistry {
             .queues
             .get(&encode_queue(queue))
             .is_some_and(|m| m.paused)
+    }
+
+    /// The rate limit in force for `queue` as this replica knows it.
+    pub fn rate_limit(&self, queue: &str) -> Option<RateLimit> {
+        self.inner
+            .queues
+            .get(&encode_queue(queue))
+            .and_then(|m| m.rate_limit)
+    }
+
+    /// Makes `limit` the queue's rate limit (its token stream must exist already). The
+    /// queue is registered (PUSH admitted it) before.
+    ///
+    /// # Errors
+    /// 409/503 when the entry kept changing; `backend_error`.
+    pub async fn set_rate_limit(
+        &self,
+        queue: &str,
+        limit: RateLimit,
+        now: DateTime<Utc>,
+    ) -> Result<(), OjsError> {
+        let reg = &self.inner;
+        let key = encode_queue(queue);
+        let written = cas::change(
+            &reg.kv,
+            &key,
+            "queue",
+            queue,
+            |current: Option<&QueueMeta>| {
+                if current.is_some_and(|m| m.rate_limit == Some(limit)) {
+                    return None;
+                }
+                let mut meta = current
+                    .cloned()
+                    .unwrap_or_else(|| QueueMeta::new(queue, now));
+                meta.rate_limit = Some(limit);
+                Some(meta)
+            },
+        )
+        .await?;
+        reg.queues.remember(&key, written.revision, written.value);
+        Ok(())
     }
 
     /// Pauses or resumes `queue` (queue-ops: a queue never seen is registered, within

@@ -6,6 +6,8 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 
+use crate::domain::rate_limit::RateLimit;
+
 /// Name (and name prefix) of the event publisher's consumers on the jobs stream.
 const EVENT_PUBLISHER: &str = "event-publisher";
 /// How long the events stream drops a republished event (one with a known id).
@@ -141,6 +143,38 @@ impl Topology {
 
     pub fn queue_subject(&self, queue: &str, priority: i32) -> String {
         format!("{}.q.{}.{priority}", self.namespace, encode_queue(queue))
+    }
+
+    /// Prefix of the queues' rate-limit streams, used only by the admin reset.
+    pub fn rate_stream_prefix(&self) -> String {
+        format!("{}-rate-", self.namespace)
+    }
+
+    /// A rate-limited queue's starts of the current window (`rate_limit.rs`).
+    pub fn rate_stream(&self, queue: &str) -> String {
+        format!("{}{}", self.rate_stream_prefix(), encode_queue(queue))
+    }
+
+    pub fn rate_subject(&self, queue: &str) -> String {
+        format!("{}.rate.{}", self.namespace, encode_queue(queue))
+    }
+
+    /// One message per start, kept for the window: NATS refuses a start past the limit
+    /// (discard new per subject) and forgets each when the window has passed. In memory:
+    /// starts are worth nothing after their window.
+    pub fn rate_stream_config(&self, queue: &str, limit: RateLimit) -> stream::Config {
+        stream::Config {
+            name: self.rate_stream(queue),
+            subjects: vec![self.rate_subject(queue)],
+            retention: RetentionPolicy::Limits,
+            max_messages_per_subject: limit.limit as i64,
+            max_age: limit.window(),
+            discard: DiscardPolicy::New,
+            discard_new_per_subject: true,
+            storage: StorageType::Memory,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
     }
 
     /// One pull consumer per priority in use; FETCH asks them highest first.

@@ -1,0 +1,216 @@
+//! Queue rate limits (rate-limiting spec §5.2–§5.3, §7.2): at most `limit` job starts of a
+//! queue in any window of `window`, across every replica (docs/architecture.md §3.19).
+//! Pure: reading a job's `rate_limit` option into the queue's limit.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::duration;
+use super::error::{ErrorCode, OjsError};
+
+/// Most starts one window may allow (a window's starts are messages NATS keeps).
+pub const MAX_LIMIT: u64 = 100_000;
+/// Shortest window: NATS expires a start after the window, and expiry is not finer.
+pub const MIN_WINDOW: Duration = Duration::from_millis(10);
+/// Longest window.
+pub const MAX_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// The limit of a queue: `limit` starts in any window of `window_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+impl RateLimit {
+    /// Reads a job's `rate_limit` option for its queue: `{"max_per_second": N}` (OpenAPI),
+    /// `{"rate": {"limit", "period"}}` (a window) or `{"throttle": {"limit", "period"}}`
+    /// (even spacing: one start per period / limit). `key` may name the queue itself;
+    /// `on_limit` may be `wait` (the default: the job stays available).
+    ///
+    /// # Errors
+    /// 400 for a malformed limit; 422 `unsupported` for what this server does not enforce
+    /// (another `key`, `concurrency`, `on_limit` other than `wait`, `rate` with `throttle`).
+    pub fn parse(value: &Value, queue: &str) -> Result<RateLimit, OjsError> {
+        let Value::Object(o) = value else {
+            return Err(OjsError::invalid(
+                "rate_limit",
+                "rate_limit must be an object.",
+            ));
+        };
+        let unsupported = |field: &str, what: &str| {
+            OjsError::new(
+                ErrorCode::Unsupported,
+                format!("rate_limit.{field}: {what} is not supported by this server; the job was not enqueued."),
+            )
+            .with_detail("field", format!("rate_limit.{field}"))
+        };
+        match o.get("key") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(k)) if k == queue => {}
+            Some(_) => {
+                return Err(unsupported(
+                    "key",
+                    "a limit shared by another key than the job's queue",
+                ))
+            }
+        }
+        if o.get("concurrency").is_some_and(|v| !v.is_null()) {
+            return Err(unsupported("concurrency", "a concurrency limit"));
+        }
+        match o.get("on_limit") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "wait" => {}
+            Some(_) => return Err(unsupported("on_limit", "an on_limit other than wait")),
+        }
+        let window_of = |field: &str| window(o, field);
+        let per_second = o.get("max_per_second").filter(|v| !v.is_null());
+        let rate = o.get("rate").filter(|v| !v.is_null());
+        let throttle = o.get("throttle").filter(|v| !v.is_null());
+        let limit = match (per_second, rate, throttle) {
+            (Some(n), None, None) => RateLimit {
+                limit: count(n, "rate_limit.max_per_second")?,
+                window_ms: 1000,
+            },
+            (None, Some(_), None) => window_of("rate")?,
+            (None, None, Some(_)) => {
+                let t = window_of("throttle")?;
+                RateLimit {
+                    limit: 1,
+                    window_ms: t.window_ms / t.limit,
+                }
+            }
+            (None, None, None) => {
+                return Err(OjsError::invalid(
+                    "rate_limit",
+                    "rate_limit needs max_per_second, rate or throttle.",
+                ))
+            }
+            _ => {
+                return Err(unsupported(
+                    "rate",
+                    "more than one of max_per_second, rate and throttle",
+                ))
+            }
+        };
+        if limit.window() < MIN_WINDOW {
+            return Err(OjsError::invalid(
+                "rate_limit",
+                format!(
+                    "a rate limit allows at most one start per {} ms.",
+                    MIN_WINDOW.as_millis()
+                ),
+            ));
+        }
+        Ok(limit)
+    }
+
+    pub fn window(&self) -> Duration {
+        Duration::from_millis(self.window_ms)
+    }
+
+    /// How long a FETCH that met the limit waits before it looks again: the spacing of
+    /// starts, within 20 ms to 250 ms.
+    pub fn recheck(&self) -> Duration {
+        Duration::from_millis(self.window_ms / self.limit)
+            .clamp(Duration::from_millis(20), Duration::from_millis(250))
+    }
+}
+
+fn count(v: &Value, field: &str) -> Result<u64, OjsError> {
+    v.as_u64()
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or_else(|| {
+            OjsError::invalid(
+                field,
+                format!("{field} must be an integer from 1 to {MAX_LIMIT}, got {v}."),
+            )
+        })
+}
+
+/// `{"limit": N, "period": "<ISO duration>"}` under `field`.
+fn window(o: &Map<String, Value>, field: &str) -> Result<RateLimit, OjsError> {
+    let path = format!("rate_limit.{field}");
+    let Some(Value::Object(w)) = o.get(field) else {
+        return Err(OjsError::invalid(
+            &path,
+            format!("{path} must be an object with limit and period."),
+        ));
+    };
+    let limit = count(
+        w.get("limit").unwrap_or(&Value::Null),
+        &format!("{path}.limit"),
+    )?;
+    let period = w
+        .get("period")
+        .and_then(Value::as_str)
+        .and_then(duration::parse)
+        .filter(|d| *d <= MAX_WINDOW && !d.is_zero())
+        .ok_or_else(|| {
+            OjsError::invalid(
+                &format!("{path}.period"),
+                format!("{path}.period must be an ISO 8601 duration from 1 ms to 1 day."),
+            )
+        })?;
+    Ok(RateLimit {
+        limit,
+        window_ms: period.as_millis() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn parse(v: Value) -> Result<RateLimit, OjsError> {
+        RateLimit::parse(&v, "q")
+    }
+
+    #[test]
+    fn every_form_reads_as_starts_per_window() {
+        let per_second = parse(json!({"max_per_second": 5})).unwrap();
+        assert_eq!((per_second.limit, per_second.window_ms), (5, 1000));
+        let rate = parse(json!({"key": "q", "rate": {"limit": 100, "period": "PT1M"}})).unwrap();
+        assert_eq!((rate.limit, rate.window_ms), (100, 60_000));
+        let throttle = parse(json!({"throttle": {"limit": 10, "period": "PT1S"}})).unwrap();
+        assert_eq!((throttle.limit, throttle.window_ms), (1, 100));
+        assert_eq!(throttle.recheck(), Duration::from_millis(100));
+        assert_eq!(per_second.recheck(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn malformed_limits_are_400_and_unenforced_ones_422() {
+        for bad in [
+            json!("fast"),
+            json!({}),
+            json!({"max_per_second": 0}),
+            json!({"max_per_second": -1}),
+            json!({"max_per_second": 1.5}),
+            json!({"rate": {"limit": 1}}),
+            json!({"rate": {"limit": 1, "period": "P2D"}}),
+            json!({"throttle": {"limit": 1000, "period": "PT1S"}}),
+        ] {
+            assert_eq!(
+                parse(bad.clone()).unwrap_err().code,
+                ErrorCode::InvalidRequest,
+                "{bad}"
+            );
+        }
+        for unsupported in [
+            json!({"key": "stripe", "max_per_second": 1}),
+            json!({"concurrency": 5, "max_per_second": 1}),
+            json!({"on_limit": "drop", "max_per_second": 1}),
+            json!({"max_per_second": 1, "rate": {"limit": 1, "period": "PT1S"}}),
+        ] {
+            assert_eq!(
+                parse(unsupported.clone()).unwrap_err().code,
+                ErrorCode::Unsupported,
+                "{unsupported}"
+            );
+        }
+    }
+}

@@ -182,6 +182,38 @@ async fn push_killed_after_its_message_runs_once_when_the_client_retries() {
     }
 }
 
+/// PUSH of a unique job died holding the key's lock, before its job existed: nothing was
+/// accepted, and the key blocks other enqueues no longer than the policy's period.
+#[tokio::test]
+async fn push_killed_holding_a_unique_lock_blocks_the_key_no_longer_than_its_period() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("unique.locked", Leader::Healthy).await;
+        let mut body = job();
+        body["options"]["unique"] = json!({"period": "PT3S"});
+        p.dies_on("/ojs/v1/jobs", body.clone()).await;
+        let killed = Instant::now();
+        // The lock's enqueue may still be on its way: the key is held meanwhile.
+        p.healthy
+            .post("/ojs/v1/jobs", body.clone())
+            .await
+            .assert_error(409, "duplicate");
+        let id = loop {
+            let r = p.healthy.post("/ojs/v1/jobs", body.clone()).await;
+            if r.status == 201 {
+                break r.body["job"]["id"].as_str().unwrap().to_owned();
+            }
+            r.assert_error(409, "duplicate");
+            assert!(
+                killed.elapsed() < Duration::from_secs(5),
+                "the key stayed blocked"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(killed.elapsed() >= Duration::from_millis(2500));
+        p.completes_once(&id, 1, Duration::from_secs(5)).await;
+    }
+}
+
 /// A FETCH through the armed gateway dies at `point`; the job then reads `state` and runs
 /// once, at `attempt`, through the other gateway within AckWait or the reservation.
 async fn fetch_dies_at(point: &str, state: &str, attempt: u64) {

@@ -42,13 +42,16 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
 }
 
 #[tokio::test]
-async fn manifest_claims_level_two_and_metrics_count_requests() {
+async fn manifest_claims_level_four_and_metrics_count_requests() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let r = app.get("/ojs/manifest").await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.body["conformance_level"], 3);
-    assert_eq!(r.body["capabilities"]["workflows"], true);
+    assert_eq!(r.body["conformance_level"], 4);
+    assert_eq!(r.body["unique_job_strength"], "strong");
+    for capability in ["workflows", "unique_jobs", "rate_limiting", "pause_resume"] {
+        assert_eq!(r.body["capabilities"][capability], true, "{capability}");
+    }
     assert_eq!(r.body["capabilities"]["cron_jobs"], true);
     assert_eq!(r.body["capabilities"]["dead_letter"], true);
     assert_eq!(r.body["capabilities"]["batch_enqueue"], true);

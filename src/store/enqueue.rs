@@ -42,6 +42,7 @@ impl Store {
             Ok(taken) => taken,
             Err(existing) => return Ok(Enqueued::Existing(existing)),
         };
+        self.failpoint("unique.locked").await;
         match self.create_jobs(records, async { Ok(()) }).await {
             Ok(jobs) => Ok(Enqueued::Created(jobs)),
             Err(err) => {

@@ -379,6 +379,22 @@ impl Reply {
 }
 
 impl TestApp {
+    /// A handle for requests to the gateway at `base`; it does not stop the gateway.
+    pub fn at(base: &str) -> TestApp {
+        TestApp {
+            addr: base.trim_start_matches("http://").parse().unwrap(),
+            base: base.to_owned(),
+            http: reqwest::Client::new(),
+            shutdown: None,
+            task: None,
+        }
+    }
+
+    /// Another handle for requests to this gateway (for a spawned task).
+    pub fn client(&self) -> TestApp {
+        TestApp::at(&self.base)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -533,13 +549,7 @@ impl GatewayProcess {
 
     /// A handle for requests to this gateway, as to an in-process one.
     pub fn client(&self) -> TestApp {
-        TestApp {
-            addr: self.base.trim_start_matches("http://").parse().unwrap(),
-            base: self.base.clone(),
-            http: reqwest::Client::new(),
-            shutdown: None,
-            task: None,
-        }
+        TestApp::at(&self.base)
     }
 
     /// The process's resident memory, in MiB (from `/proc`).

@@ -1,0 +1,399 @@
+//! Level 4 queues through the HTTP API on a real nats-server, with two gateways: pause and
+//! resume seen by every replica (also by FETCHes already waiting), statistics exact for the
+//! client that just wrote, exact priority order at size, and per-queue rate limits held
+//! across replicas.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, spawn_app, ts, NatsServer, TestApp};
+use serde_json::{json, Value};
+
+fn job(queue: &str, options: Value) -> Value {
+    let mut options = options;
+    options["queue"] = json!(queue);
+    json!({"type": "t.x", "args": [], "options": options})
+}
+
+async fn stats(app: &TestApp, queue: &str) -> Value {
+    let r = app.get(&format!("/ojs/v1/queues/{queue}/stats")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+}
+
+#[tokio::test]
+async fn a_pause_stops_every_replica_within_100_ms_and_a_resume_restarts_them_in_order() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let first = a.enqueue(job("p", json!({}))).await;
+
+    // A worker long-polling through B while A pauses the queue.
+    let waiting = {
+        let b = b.client();
+        tokio::spawn(async move {
+            b.post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["other", "p"], "worker_id": "w", "wait_ms": 3000}),
+            )
+            .await
+        })
+    };
+    // The queue had a job: the waiting FETCH took it at once. The next one waits.
+    let got = waiting.await.unwrap();
+    assert_eq!(got.body["jobs"][0]["id"], first.as_str());
+    let waiting = {
+        let b = b.client();
+        tokio::spawn(async move {
+            let r = b
+                .post(
+                    "/ojs/v1/workers/fetch",
+                    json!({"queues": ["p"], "worker_id": "w", "wait_ms": 2000}),
+                )
+                .await;
+            r.body["jobs"].as_array().unwrap().len()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let r = a.post("/ojs/v1/queues/p/pause", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["queue"]["paused"], true);
+    assert_eq!(r.body["queue"]["status"], "paused");
+    let paused = Instant::now();
+    let seen = eventually(Duration::from_secs(1), "B sees the pause", || async {
+        let list = b.get("/ojs/v1/queues").await.body;
+        let p = list["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["name"] == "p")
+            .cloned();
+        p.filter(|q| q["paused"] == true).map(|_| paused.elapsed())
+    })
+    .await;
+    assert!(
+        seen < Duration::from_millis(100),
+        "B saw the pause after {seen:?}"
+    );
+
+    // Jobs are accepted while paused, and handed out by no replica.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(a.enqueue(job("p", json!({}))).await);
+    }
+    assert!(a.fetch(&["p"], "w").await.is_empty());
+    assert!(b.fetch(&["p"], "w").await.is_empty());
+    assert_eq!(
+        waiting.await.unwrap(),
+        0,
+        "the waiting FETCH got a paused queue's job"
+    );
+    assert_eq!(stats(&b, "p").await["queue"]["paused"], true);
+
+    // Idempotent; resumed through the other replica, the jobs come in FIFO order.
+    assert_eq!(
+        b.post("/ojs/v1/queues/p/pause", json!({})).await.status,
+        200
+    );
+    let r = b.post("/ojs/v1/queues/p/resume", json!({})).await;
+    assert_eq!(r.body["queue"]["paused"], false);
+    assert_eq!(r.body["queue"]["status"], "active");
+    for id in &ids {
+        let got = eventually(
+            Duration::from_secs(1),
+            "the resumed queue's job",
+            || async { a.fetch(&["p"], "w").await.into_iter().next() },
+        )
+        .await;
+        assert_eq!(got["id"], id.as_str());
+    }
+
+    // A queue never seen can be paused, and both changes are events.
+    let r = a.post("/ojs/v1/queues/never.seen/pause", json!({})).await;
+    assert_eq!(r.body["queue"]["name"], "never.seen");
+    let events = eventually(Duration::from_secs(2), "queue events", || async {
+        let e = a
+            .get("/ojs/v1/events?types=queue.paused,queue.resumed&limit=100")
+            .await
+            .body["events"]
+            .clone();
+        (e.as_array().unwrap().len() >= 3).then_some(e)
+    })
+    .await;
+    let seen: Vec<(String, String)> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["data"]["queue"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("queue.paused".to_owned(), "p".to_owned()),
+            ("queue.resumed".to_owned(), "p".to_owned()),
+            ("queue.paused".to_owned(), "never.seen".to_owned()),
+        ],
+        "the repeated pause is the same event"
+    );
+
+    // Bad names are refused; stats of a queue never seen are 404.
+    a.post("/ojs/v1/queues/Bad!/pause", json!({}))
+        .await
+        .assert_error(400, "invalid_request");
+    a.get("/ojs/v1/queues/nothing-here/stats")
+        .await
+        .assert_error(404, "not_found");
+}
+
+#[tokio::test]
+async fn stats_equal_a_count_by_hand_after_a_mixed_workload_through_two_replicas() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let q = "mixed";
+    let later = json!({"scheduled_at": "+PT1H"});
+    let slow_retry = json!({"retry": {"max_attempts": 5, "initial_interval": "PT1H"}});
+    let dead = json!({"retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}});
+    for i in 0..40 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let options = match i {
+            0..=9 => slow_retry.clone(),
+            10..=12 => dead.clone(),
+            _ => json!({}),
+        };
+        app.enqueue(job(q, options)).await;
+    }
+    for _ in 0..10 {
+        a.enqueue(job(q, later.clone())).await;
+    }
+    for _ in 0..5 {
+        b.enqueue(job(q, json!({"pending": true}))).await;
+    }
+    let batch: Vec<Value> = (0..100).map(|_| job(q, json!({}))).collect();
+    assert_eq!(
+        a.post("/ojs/v1/jobs/batch", json!({"jobs": batch}))
+            .await
+            .status,
+        201
+    );
+    // 140 available. Fetch 20 in enqueue order: the 10 slow retries, the 3 dead-letter
+    // jobs and 7 plain ones.
+    let mut fetched = Vec::new();
+    for i in 0..20 {
+        let app = if i % 2 == 0 { &b } else { &a };
+        fetched.push(
+            app.fetch(&[q], "w").await[0]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    for id in &fetched[0..5] {
+        let r = a
+            .nack(json!({"job_id": id, "error": {"code": "e", "message": "again"}}))
+            .await;
+        assert_eq!(r.body["state"], "retryable");
+    }
+    for id in &fetched[10..13] {
+        let r = b
+            .nack(json!({"job_id": id, "error": {"code": "e", "message": "dead"}}))
+            .await;
+        assert_eq!(r.body["state"], "discarded");
+    }
+    for id in &fetched[13..20] {
+        assert_eq!(
+            a.ack(json!({"job_id": id})).await.body["state"],
+            "completed"
+        );
+    }
+    // Four more jobs enqueued and cancelled, one dead-lettered job retried.
+    for _ in 0..4 {
+        let id = b.enqueue(job(q, json!({}))).await;
+        assert_eq!(
+            a.delete(&format!("/ojs/v1/jobs/{id}")).await.body["job"]["state"],
+            "cancelled"
+        );
+    }
+    let r = b
+        .post(
+            &format!("/ojs/v1/dead-letter/{}/retry", fetched[10]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.body["job"]["state"], "available");
+
+    // By hand: 140 + 4 enqueued available − 20 fetched − 4 cancelled + 1 retried.
+    let expected = json!({
+        "available": 121, "active": 5, "completed": 7, "retryable": 5, "discarded": 2,
+        "dead": 2, "scheduled": 10, "pending": 5, "cancelled": 4,
+    });
+    // Read at once, through either replica: exact for the writes just made.
+    for app in [&a, &b] {
+        let s = stats(app, q).await;
+        for (state, n) in expected.as_object().unwrap() {
+            assert_eq!(s["queue"][state], *n, "{state} in {s}");
+            assert_eq!(s["stats"][state], *n, "{state} in {s}");
+            assert_eq!(s[state], *n, "{state} in {s}");
+        }
+        assert_eq!(s["queue"]["name"], q);
+        assert_eq!(s["status"], "active");
+    }
+}
+
+#[tokio::test]
+async fn ten_priorities_and_ten_thousand_jobs_come_out_in_order_through_two_replicas() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let q = "ranked";
+    // Priorities -45..=45 in steps of 10, mixed; the job's place in enqueue order is its arg.
+    let mut order = 0u64;
+    for chunk in 0..10 {
+        let jobs: Vec<Value> = (0..1000)
+            .map(|i| {
+                let priority = ((i * 7 + chunk * 3) % 10) as i64 * 10 - 45;
+                order += 1;
+                json!({"type": "t.x", "args": [order], "options": {"queue": q, "priority": priority}})
+            })
+            .collect();
+        let r = a.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // 16 workers, 8 per replica: (fetch began, fetch ended, priority, enqueue order).
+    let fetched: Arc<Mutex<Vec<(Instant, Instant, i64, u64)>>> = Arc::default();
+    let mut workers = Vec::new();
+    for w in 0..16 {
+        let app = if w % 2 == 0 { a.client() } else { b.client() };
+        let fetched = fetched.clone();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let began = Instant::now();
+                let jobs = app.fetch(&[q], &format!("w{w}")).await;
+                let ended = Instant::now();
+                let Some(job) = jobs.into_iter().next() else {
+                    break;
+                };
+                fetched.lock().unwrap().push((
+                    began,
+                    ended,
+                    job["priority"].as_i64().unwrap(),
+                    job["args"][0].as_u64().unwrap(),
+                ));
+                let r = app.ack(json!({"job_id": job["id"]})).await;
+                assert_eq!(r.status, 200);
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let mut fetched = fetched.lock().unwrap().clone();
+    assert_eq!(fetched.len(), 10_000);
+    // A FETCH that ended before another began got a job that ranks before it: a higher
+    // priority, or the same one enqueued earlier. (Overlapping FETCHes race fairly.)
+    let rank = |p: i64, o: u64| (-p, o as i64);
+    fetched.sort_by_key(|f| f.1);
+    let mut best_before: Vec<(i64, i64)> = Vec::with_capacity(fetched.len());
+    for f in &fetched {
+        let r = rank(f.2, f.3);
+        best_before.push(best_before.last().map_or(r, |b: &(i64, i64)| (*b).max(r)));
+    }
+    let mut inversions = 0;
+    for g in &fetched {
+        let before = fetched.partition_point(|f| f.1 < g.0);
+        if before > 0 && best_before[before - 1] > rank(g.2, g.3) {
+            inversions += 1;
+        }
+    }
+    assert_eq!(
+        inversions, 0,
+        "jobs handed out after a later-ranked one had been"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_holds_across_two_replicas_and_64_workers() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let q = "limited";
+    const LIMIT: usize = 50;
+    let jobs: Vec<Value> = (0..1500)
+        .map(|_| job(q, json!({"rate_limit": {"max_per_second": LIMIT}})))
+        .collect();
+    assert_eq!(
+        a.post("/ojs/v1/jobs/batch", json!({"jobs": jobs}))
+            .await
+            .status,
+        201
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let starts: Arc<Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..64 {
+        let app = if w % 2 == 0 { a.client() } else { b.client() };
+        let (starts, stop) = (starts.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = app
+                    .post(
+                        "/ojs/v1/workers/fetch",
+                        json!({"queues": [q], "worker_id": format!("w{w}"), "wait_ms": 500}),
+                    )
+                    .await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                for job in r.body["jobs"].as_array().unwrap() {
+                    starts.lock().unwrap().push(ts(&job["started_at"]));
+                    app.ack(json!({"job_id": job["id"]})).await;
+                }
+            }
+        }));
+    }
+    // Workers run past the measured 10 s on both sides.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let mut starts = starts.lock().unwrap().clone();
+    starts.sort();
+    // The 10 s after the first second (the first window may hold a full burst at once).
+    let from = starts[0] + chrono::Duration::seconds(1);
+    let to = from + chrono::Duration::seconds(10);
+    let in_ten = starts.iter().filter(|t| **t >= from && **t < to).count();
+    let expected = LIMIT * 10;
+    assert!(
+        in_ten.abs_diff(expected) <= expected / 10,
+        "{in_ten} starts in 10 s, the limit allows {expected}"
+    );
+    // No window of one second holds more than the limit and one burst more.
+    let most = starts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| starts[i..].partition_point(|u| *u < *t + chrono::Duration::seconds(1)))
+        .max()
+        .unwrap();
+    assert!(most <= 2 * LIMIT, "{most} starts within one second");
+    eprintln!("rate limit {LIMIT}/s: {in_ten} starts in 10 s, at most {most} in any second");
+    // Jobs of other queues are not limited.
+    let other: Vec<Value> = (0..200).map(|_| job("free", json!({}))).collect();
+    a.post("/ojs/v1/jobs/batch", json!({"jobs": other})).await;
+    let started = Instant::now();
+    for _ in 0..200 {
+        assert_eq!(b.fetch(&["free"], "w").await.len(), 1);
+    }
+    assert!(started.elapsed() < Duration::from_secs(4));
+}

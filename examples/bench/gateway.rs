@@ -299,6 +299,51 @@ impl Gateway {
         .await;
     }
 
+    /// Batch PUSH of `jobs` jobs whose queue allows `limit` starts a second; each carries
+    /// `[index, enqueue time]` as args.
+    pub async fn enqueue_limited(
+        &self,
+        queue: &str,
+        jobs: usize,
+        limit: u64,
+        clock: Instant,
+        tally: Arc<Tally>,
+    ) {
+        let gw = self.clone();
+        let queue = queue.to_owned();
+        produce(jobs, 1000, 1, None, tally, move |first, n| {
+            let (gw, queue) = (gw.clone(), queue.clone());
+            Box::pin(async move {
+                let sent = micros(clock);
+                let list: Vec<Value> = (first..first + n)
+                    .map(|i| {
+                        json!({"type": "bench.job", "args": [i, sent],
+                        "options": {"queue": queue, "rate_limit": {"max_per_second": limit}}})
+                    })
+                    .collect();
+                gw.post("/ojs/v1/jobs/batch", &json!({ "jobs": list }))
+                    .await?;
+                Ok(())
+            })
+        })
+        .await;
+    }
+
+    /// `reads` GETs of a queue's statistics, one after another: each one's latency (µs).
+    pub async fn read_stats(&self, queue: &str, reads: usize) -> Result<Vec<u64>, String> {
+        let path = format!("/ojs/v1/queues/{queue}/stats");
+        let mut latencies = Vec::with_capacity(reads);
+        for _ in 0..reads {
+            let started = Instant::now();
+            let (status, body) = self.send(Method::GET, &path, Bytes::new()).await?;
+            latencies.push(started.elapsed().as_micros() as u64);
+            if !status.is_success() {
+                return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+            }
+        }
+        Ok(latencies)
+    }
+
     /// Batch PUSH of `jobs` jobs scheduled evenly from `TIMER_LEAD` to `TIMER_LEAD` +
     /// `TIMER_SPREAD` after now; each carries its due time, so a worker's latency for it is
     /// how late it became fetchable.

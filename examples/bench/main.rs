@@ -7,9 +7,11 @@
 //! cargo run --release --example bench -- [--url http://127.0.0.1:8080]
 //!     [--nats nats://127.0.0.1:4222] [--namespace ojs] [--jobs 20000] [--producers 64]
 //!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
-//!     [--latency-workers 8] [--scenarios enqueue,drain,e2e,latency[,memory][,timers][,workflow]]
+//!     [--latency-workers 8]
+//!     [--scenarios enqueue,drain,e2e,latency[,memory][,timers][,workflow][,rate-limit][,stats]]
 //!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
-//!     [--workflow-steps 1000] [--workflow-members 10000]
+//!     [--workflow-steps 1000] [--workflow-members 10000] [--rate-limit 200]
+//!     [--stats-jobs 1000000]
 //! ```
 //!
 //! `scripts/bench.sh` starts a fresh nats-server and a release gateway and runs this against
@@ -21,7 +23,10 @@
 //! `workflow` run only when named; `workflow` has no floor: `workflow-chain` gives the
 //! step-to-step latency of a chain worked by `--latency-workers` long-polling workers (a
 //! step's ACK answered → the next step handed out), `workflow-fan-in` the time from a
-//! batch's last member ACK to its callback handed out.
+//! batch's last member ACK to its callback handed out. `rate-limit` drains ten seconds'
+//! worth of jobs of a queue limited to `--rate-limit` starts a second (its jobs/s against
+//! the limit); `stats` stores `--stats-jobs` jobs and times 1000 reads of the queue's
+//! statistics.
 
 mod drivers;
 #[path = "../common/flags.rs"]
@@ -133,6 +138,12 @@ async fn main() {
     }
     if s.wants("workflow") {
         bench.workflow().await;
+    }
+    if s.wants("rate-limit") {
+        bench.rate_limit().await;
+    }
+    if s.wants("stats") {
+        bench.stats().await;
     }
     floor.clean_up().await;
     bench.report();

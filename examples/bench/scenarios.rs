@@ -60,7 +60,7 @@ impl Outcome {
 }
 
 /// Queue names the benchmark uses (prefixed per run).
-pub const QUEUES: [&str; 7] = [
+pub const QUEUES: [&str; 9] = [
     "drain",
     "e2e",
     "latency",
@@ -68,6 +68,8 @@ pub const QUEUES: [&str; 7] = [
     "timers",
     "workflow",
     "workflow-callback",
+    "rate-limit",
+    "stats",
 ];
 
 /// How jobs are offered.
@@ -468,6 +470,99 @@ impl Bench {
         };
         outcome.cpu = meter.finish();
         self.settle(false, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// `rate-limit`: ten seconds' worth of jobs of a queue limited to `rate_limit` starts a
+    /// second, drained by `workers` workers; its jobs/s against the limit is the limiter's
+    /// accuracy (the first second's burst included).
+    pub async fn rate_limit(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let gw = gw.clone();
+        let queue = self.gateway.queue("rate-limit");
+        let limit = self.settings.rate_limit;
+        let jobs = (limit * 10) as usize;
+        let tally = Arc::new(Tally::default());
+        gw.enqueue_limited(&queue, jobs, limit, self.clock, tally.clone())
+            .await;
+        let tally = Arc::new(Tally::default());
+        let meter = self.meter();
+        let started = Instant::now();
+        gw.work(
+            &queue,
+            1,
+            self.settings.workers,
+            jobs,
+            self.clock,
+            tally.clone(),
+        )
+        .await;
+        let done = tally.done.load(Ordering::Relaxed);
+        let mut outcome = Outcome {
+            name: "rate-limit".into(),
+            jobs: done,
+            seconds: tally.seconds_since(started),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: jobs.saturating_sub(done),
+            ..Default::default()
+        };
+        outcome.cpu = meter.finish();
+        eprintln!(
+            "bench: rate-limit — {:.1} starts/s against a limit of {limit}/s ({:.3})",
+            outcome.rate(),
+            outcome.rate() / limit as f64
+        );
+        self.settle(false, &mut outcome).await;
+        progress(&outcome);
+        self.outcomes.push(outcome);
+    }
+
+    /// `stats`: `stats_jobs` (1,000,000 by default) jobs queued in batches of 1000, then
+    /// 1000 reads of the queue's statistics one after another: their latency.
+    pub async fn stats(&mut self) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        let gw = gw.clone();
+        let load = Load {
+            jobs: self.settings.stats_jobs,
+            batch: 1000,
+            producers: self.settings.batch_producers,
+            pace: None,
+        };
+        let queue = self.gateway.queue("stats");
+        let tally = Arc::new(Tally::default());
+        self.gateway
+            .enqueue(&queue, load, self.clock, tally.clone())
+            .await;
+        let mut stored = Outcome {
+            name: "stats-enqueue".into(),
+            jobs: tally.done.load(Ordering::Relaxed),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: load.jobs - tally.done.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        self.settle(false, &mut stored).await;
+        let meter = self.meter();
+        let started = Instant::now();
+        let reads = gw.read_stats(&queue, 1000).await;
+        let mut outcome = Outcome {
+            name: "stats-read".into(),
+            seconds: started.elapsed().as_secs_f64(),
+            errors: u64::from(reads.is_err()),
+            ..Default::default()
+        };
+        match reads {
+            Ok(latencies) => {
+                outcome.jobs = latencies.len();
+                outcome.latencies = latencies;
+            }
+            Err(e) => eprintln!("bench: stats — a read failed: {e}"),
+        }
+        outcome.cpu = meter.finish();
         progress(&outcome);
         self.outcomes.push(outcome);
     }

@@ -21,6 +21,8 @@ pub struct Settings {
     pub timer_jobs: usize,
     pub workflow_steps: usize,
     pub workflow_members: usize,
+    pub rate_limit: u64,
+    pub stats_jobs: usize,
 }
 
 impl Settings {
@@ -48,6 +50,8 @@ impl Settings {
             timer_jobs: f.number("timer-jobs", 100_000),
             workflow_steps: f.number("workflow-steps", 1_000),
             workflow_members: f.number("workflow-members", 10_000),
+            rate_limit: f.number("rate-limit", 200),
+            stats_jobs: f.number("stats-jobs", 1_000_000),
         };
         f.finish();
         settings

@@ -75,6 +75,7 @@ async fn a_pause_stops_every_replica_within_100_ms_and_a_resume_restarts_them_in
         p.filter(|q| q["paused"] == true).map(|_| paused.elapsed())
     })
     .await;
+    eprintln!("the other replica saw the pause {seen:?} after the answer");
     assert!(
         seen < Duration::from_millis(100),
         "B saw the pause after {seen:?}"
@@ -249,6 +250,9 @@ async fn stats_equal_a_count_by_hand_after_a_mixed_workload_through_two_replicas
     }
 }
 
+/// A job handed out: when its FETCH began and ended, its priority and enqueue order.
+type Fetched = (Instant, Instant, i64, u64);
+
 #[tokio::test]
 async fn ten_priorities_and_ten_thousand_jobs_come_out_in_order_through_two_replicas() {
     let nats = NatsServer::start();
@@ -270,8 +274,8 @@ async fn ten_priorities_and_ten_thousand_jobs_come_out_in_order_through_two_repl
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    // 16 workers, 8 per replica: (fetch began, fetch ended, priority, enqueue order).
-    let fetched: Arc<Mutex<Vec<(Instant, Instant, i64, u64)>>> = Arc::default();
+    // 16 workers, 8 per replica.
+    let fetched: Arc<Mutex<Vec<Fetched>>> = Arc::default();
     let mut workers = Vec::new();
     for w in 0..16 {
         let app = if w % 2 == 0 { a.client() } else { b.client() };

@@ -77,7 +77,7 @@ async fn wait_for_delivery(
 
 /// What a delivered message came to.
 enum Claimed {
-    Job(Job),
+    Job(Box<Job>),
     /// Stale, spent or put back: nothing for the worker.
     Nothing,
     /// Its queue's rate limit has no start left in this window: put back, first in line.
@@ -92,7 +92,7 @@ async fn record_claim(
     got: &mut Claims,
 ) {
     match claim {
-        Ok(Claimed::Job(job)) => got.jobs.push(job),
+        Ok(Claimed::Job(job)) => got.jobs.push(*job),
         Ok(Claimed::Nothing | Claimed::Limited) => {}
         Err(err) => {
             settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
@@ -377,7 +377,7 @@ impl Store {
                     settle(msg, AckKind::Progress).await;
                     Claimed::Nothing
                 }
-                JobState::Active => Claimed::Job(next.job),
+                JobState::Active => Claimed::Job(Box::new(next.job)),
                 _ => {
                     settle(msg, AckKind::Ack).await;
                     Claimed::Nothing

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::StreamExt;
 use serde_json::json;
 use tracing::warn;
 
@@ -26,6 +27,8 @@ use crate::domain::unique::{self, Holder, Lock, LockStep, OnConflict, UniquePoli
 pub(super) const LOCK_GRACE: Duration = Duration::from_secs(30);
 /// Pauses while another enqueue of the key is on its way (1 + 2 + … + 256 ms).
 const WAIT_ROUNDS: u32 = 9;
+/// Locks the leader releases side by side (a batch of writes may end many unique jobs).
+const RELEASES_AT_ONCE: usize = 64;
 
 /// A lock this PUSH holds: its key and job, and whether this PUSH wrote it (a client's
 /// retry finds its own lock in place: that one is not given back on a refusal).
@@ -222,9 +225,11 @@ impl Store {
     /// outside their policy's `states`), each only while it still names its job. A lock
     /// left behind is harmless: the next enqueue of its key reads the job and takes it over.
     pub async fn release_unique_locks(&self, ended: &[(String, String)]) {
-        for (key, job_id) in ended {
-            self.release_lock(key, job_id).await;
-        }
+        futures::stream::iter(ended)
+            .for_each_concurrent(RELEASES_AT_ONCE, |(key, job_id)| {
+                self.release_lock(key, job_id)
+            })
+            .await;
     }
 
     async fn release_lock(&self, key: &str, job_id: &str) {

@@ -231,27 +231,13 @@ impl QueueRegistry {
         limit: RateLimit,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
-        let reg = &self.inner;
-        let key = encode_queue(queue);
-        let written = cas::change(
-            &reg.kv,
-            &key,
-            "queue",
-            queue,
-            |current: Option<&QueueMeta>| {
-                if current.is_some_and(|m| m.rate_limit == Some(limit)) {
-                    return None;
-                }
-                let mut meta = current
-                    .cloned()
-                    .unwrap_or_else(|| QueueMeta::new(queue, now));
-                meta.rate_limit = Some(limit);
-                Some(meta)
-            },
-        )
-        .await?;
-        reg.queues.remember(&key, written.revision, written.value);
-        Ok(())
+        self.change_entry(queue, now, |meta| {
+            let changed = meta.rate_limit != Some(limit);
+            meta.rate_limit = Some(limit);
+            changed
+        })
+        .await
+        .map(drop)
     }
 
     /// Pauses or resumes `queue` (queue-ops: a queue never seen is registered, within
@@ -267,10 +253,33 @@ impl QueueRegistry {
         now: DateTime<Utc>,
     ) -> Result<(QueueMeta, u64, bool), OjsError> {
         let reg = &self.inner;
-        let key = encode_queue(queue);
-        if reg.queues.get(&key).is_none() {
+        if reg.queues.get(&encode_queue(queue)).is_none() {
             lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
         }
+        self.change_entry(queue, now, |meta| {
+            if meta.paused == paused {
+                return false;
+            }
+            meta.paused = paused;
+            meta.paused_at = paused.then_some(now);
+            meta.resumed_at = (!paused).then_some(now);
+            true
+        })
+        .await
+    }
+
+    /// Read, change, write of the queue's entry (one created for a queue never seen):
+    /// `change` edits it and says whether it changed anything; nothing is written when it
+    /// did not. Gives the entry in force, its revision and whether this call wrote it, and
+    /// this replica's copy has it at once.
+    async fn change_entry(
+        &self,
+        queue: &str,
+        now: DateTime<Utc>,
+        mut change: impl FnMut(&mut QueueMeta) -> bool,
+    ) -> Result<(QueueMeta, u64, bool), OjsError> {
+        let reg = &self.inner;
+        let key = encode_queue(queue);
         let mut changed = false;
         let written = cas::change(
             &reg.kv,
@@ -281,14 +290,8 @@ impl QueueRegistry {
                 let mut meta = current
                     .cloned()
                     .unwrap_or_else(|| QueueMeta::new(queue, now));
-                changed = current.is_none_or(|m| m.paused != paused);
-                if !changed {
-                    return None;
-                }
-                meta.paused = paused;
-                meta.paused_at = paused.then_some(now);
-                meta.resumed_at = (!paused).then_some(now);
-                Some(meta)
+                changed = change(&mut meta) || current.is_none();
+                changed.then_some(meta)
             },
         )
         .await?;
@@ -296,7 +299,7 @@ impl QueueRegistry {
             .remember(&key, written.revision, written.value.clone());
         let meta = written
             .value
-            .ok_or_else(|| OjsError::backend(format!("Queue {queue} vanished while pausing.")))?;
+            .ok_or_else(|| OjsError::backend(format!("Queue {queue} vanished while written.")))?;
         Ok((meta, written.revision, changed))
     }
 
@@ -326,27 +329,16 @@ impl QueueRegistry {
             )
             .await
             .map_err(backend("creating a priority consumer"))?;
-        let key = encode_queue(queue);
-        let written = cas::change(
-            &reg.kv,
-            &key,
-            "queue",
-            queue,
-            |current: Option<&QueueMeta>| {
-                if current.is_some_and(|m| m.priorities.contains(&priority)) {
-                    return None; // another replica registered it meanwhile
-                }
-                let mut meta = current
-                    .cloned()
-                    .unwrap_or_else(|| QueueMeta::new(queue, now));
-                meta.priorities.push(priority);
-                meta.priorities.sort_unstable_by(|a, b| b.cmp(a));
-                Some(meta)
-            },
-        )
-        .await?;
-        reg.queues.remember(&key, written.revision, written.value);
-        Ok(())
+        self.change_entry(queue, now, |meta| {
+            if meta.priorities.contains(&priority) {
+                return false; // another replica registered it meanwhile
+            }
+            meta.priorities.push(priority);
+            meta.priorities.sort_unstable_by(|a, b| b.cmp(a));
+            true
+        })
+        .await
+        .map(drop)
     }
 
     /// The pull loop of one priority of a queue, started on first use; loops idle for

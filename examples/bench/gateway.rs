@@ -335,7 +335,14 @@ impl Gateway {
         let mut latencies = Vec::with_capacity(reads);
         for _ in 0..reads {
             let started = Instant::now();
-            let (status, body) = self.send(Method::GET, &path, Bytes::new()).await?;
+            let (status, body) = match self.send(Method::GET, &path, Bytes::new()).await {
+                Ok(answer) => answer,
+                // A pooled connection the gateway closed meanwhile: once more, on a new one.
+                Err(e) => {
+                    eprintln!("bench: stats — a read failed ({e}); again");
+                    self.send(Method::GET, &path, Bytes::new()).await?
+                }
+            };
             latencies.push(started.elapsed().as_micros() as u64);
             if !status.is_success() {
                 return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));

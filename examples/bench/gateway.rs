@@ -329,10 +329,12 @@ impl Gateway {
         .await;
     }
 
-    /// `reads` GETs of a queue's statistics, one after another: each one's latency (µs).
-    pub async fn read_stats(&self, queue: &str, reads: usize) -> Result<Vec<u64>, String> {
+    /// `reads` GETs of a queue's statistics, one after another: each one's latency (µs),
+    /// and the `available` count the last one read.
+    pub async fn read_stats(&self, queue: &str, reads: usize) -> Result<(Vec<u64>, u64), String> {
         let path = format!("/ojs/v1/queues/{queue}/stats");
         let mut latencies = Vec::with_capacity(reads);
+        let mut available = 0;
         for _ in 0..reads {
             let started = Instant::now();
             let (status, body) = match self.send(Method::GET, &path, Bytes::new()).await {
@@ -347,8 +349,10 @@ impl Gateway {
             if !status.is_success() {
                 return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
             }
+            let read: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+            available = read["queue"]["available"].as_u64().unwrap_or_default();
         }
-        Ok(latencies)
+        Ok((latencies, available))
     }
 
     /// Batch PUSH of `jobs` jobs scheduled evenly from `TIMER_LEAD` to `TIMER_LEAD` +

@@ -535,17 +535,21 @@ impl Bench {
         };
         let queue = self.gateway.queue("stats");
         let tally = Arc::new(Tally::default());
+        let started = Instant::now();
         self.gateway
             .enqueue(&queue, load, self.clock, tally.clone())
             .await;
         let mut stored = Outcome {
             name: "stats-enqueue".into(),
             jobs: tally.done.load(Ordering::Relaxed),
+            seconds: started.elapsed().as_secs_f64(),
             errors: tally.errors.load(Ordering::Relaxed),
             missing: load.jobs - tally.done.load(Ordering::Relaxed),
             ..Default::default()
         };
         self.settle(false, &mut stored).await;
+        progress(&stored);
+        self.outcomes.push(stored);
         let meter = self.meter();
         let started = Instant::now();
         let reads = gw.read_stats(&queue, 1000).await;
@@ -556,7 +560,8 @@ impl Bench {
             ..Default::default()
         };
         match reads {
-            Ok(latencies) => {
+            Ok((latencies, available)) => {
+                eprintln!("bench: stats — the queue reads {available} available jobs");
                 outcome.jobs = latencies.len();
                 outcome.latencies = latencies;
             }

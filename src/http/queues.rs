@@ -11,7 +11,6 @@ use super::extract::query_number;
 use super::{respond, ApiError, SharedState};
 use crate::domain::envelope::validate_queue;
 use crate::domain::state::JobState;
-use crate::store::QueueMeta;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 200;
@@ -103,7 +102,7 @@ pub async fn resume(
 
 async fn set_paused(state: SharedState, name: String, paused: bool) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let meta: QueueMeta = state.store.pause_queue(&name, paused).await?;
+    let meta = state.store.pause_queue(&name, paused).await?;
     let mut queue = json!({
         "name": meta.name,
         "paused": meta.paused,

@@ -35,7 +35,7 @@ impl Store {
     /// # Errors
     /// 400 past `max_queues`; `backend_error` when NATS fails.
     pub async fn pause_queue(&self, queue: &str, paused: bool) -> Result<QueueMeta, OjsError> {
-        let (meta, revision, _changed) = self
+        let (meta, revision) = self
             .inner
             .queues
             .set_paused(queue, paused, Utc::now())

@@ -241,8 +241,8 @@ impl QueueRegistry {
     }
 
     /// Pauses or resumes `queue` (queue-ops: a queue never seen is registered, within
-    /// `max_queues`). Gives the entry as written, its revision, and whether this call
-    /// changed it; every replica's FETCH follows the entry through its watch.
+    /// `max_queues`). Gives the entry in force and its revision; every replica's FETCH
+    /// follows the entry through its watch.
     ///
     /// # Errors
     /// 400 past `max_queues`; 409/503 when the entry kept changing; `backend_error`.
@@ -251,7 +251,7 @@ impl QueueRegistry {
         queue: &str,
         paused: bool,
         now: DateTime<Utc>,
-    ) -> Result<(QueueMeta, u64, bool), OjsError> {
+    ) -> Result<(QueueMeta, u64), OjsError> {
         let reg = &self.inner;
         if reg.queues.get(&encode_queue(queue)).is_none() {
             lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
@@ -270,17 +270,16 @@ impl QueueRegistry {
 
     /// Read, change, write of the queue's entry (one created for a queue never seen):
     /// `change` edits it and says whether it changed anything; nothing is written when it
-    /// did not. Gives the entry in force, its revision and whether this call wrote it, and
-    /// this replica's copy has it at once.
+    /// did not. Gives the entry in force and its revision, and this replica's copy has it
+    /// at once.
     async fn change_entry(
         &self,
         queue: &str,
         now: DateTime<Utc>,
         mut change: impl FnMut(&mut QueueMeta) -> bool,
-    ) -> Result<(QueueMeta, u64, bool), OjsError> {
+    ) -> Result<(QueueMeta, u64), OjsError> {
         let reg = &self.inner;
         let key = encode_queue(queue);
-        let mut changed = false;
         let written = cas::change(
             &reg.kv,
             &key,
@@ -290,8 +289,7 @@ impl QueueRegistry {
                 let mut meta = current
                     .cloned()
                     .unwrap_or_else(|| QueueMeta::new(queue, now));
-                changed = change(&mut meta) || current.is_none();
-                changed.then_some(meta)
+                (change(&mut meta) || current.is_none()).then_some(meta)
             },
         )
         .await?;
@@ -300,7 +298,7 @@ impl QueueRegistry {
         let meta = written
             .value
             .ok_or_else(|| OjsError::backend(format!("Queue {queue} vanished while written.")))?;
-        Ok((meta, written.revision, changed))
+        Ok((meta, written.revision))
     }
 
     /// Makes sure the queue's stream and the consumer for `priority` exist and that the

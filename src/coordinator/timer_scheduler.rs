@@ -2,8 +2,9 @@
 //! job deadlines, silent workers), driven by a timer heap, not by polling. Only timers due
 //! within the horizon are held in memory, once each (keyed by stream sequence); later ones
 //! are handed back to JetStream with a NAK delay and come back shortly before they are due
-//! (architecture §3.5). Firing runs concurrently so thousands due at one instant finish
-//! together.
+//! (architecture §3.5). The job records of promote and expire timers are read ahead of their
+//! due time, so a firing is a publish and a compare-and-set. Firing runs concurrently so
+//! thousands due at one instant finish together.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -13,33 +14,93 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::domain::horizon::{self, Placement};
-use crate::store::{PendingTimer, Store};
+use crate::store::{PendingTimer, ReadAhead, Store, Timer};
 use crate::telemetry::metrics::Metrics;
 
 /// Timers fired (or handed back) at once; each is a few NATS round trips.
 const CONCURRENCY: usize = 256;
+
+/// Fired timers are acknowledged this long after firing, so the acks of a burst (each a
+/// delete in the timers stream) come after its firings rather than among them. A leader that
+/// stops meanwhile leaves those timers to fire again as no-ops.
+const ACK_DELAY: Duration = Duration::from_secs(1);
+
+/// Records read ahead at once: fewer than firings, which come first.
+const READ_AHEAD_CONCURRENCY: usize = 64;
+
+/// Records read ahead and kept, or being read, at most; beyond, timers fire with a read.
+const MAX_READ_AHEAD: usize = 20_000;
+
+/// Bytes of records read ahead kept at most (records may be up to the bucket's message size).
+const MAX_READ_AHEAD_BYTES: usize = 64 << 20;
 
 pub struct TimerScheduler {
     store: Store,
     metrics: Metrics,
 }
 
-/// The timers held in memory: a heap of (due ms, stream sequence) over a map by sequence.
-/// A heap entry whose sequence is no longer in the map (fired) is skipped.
+/// What the heap wakes the scheduler for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Wake {
+    ReadAhead,
+    Fire,
+}
+
+/// The timers held in memory: a heap of (ms, stream sequence, what for) over a map by
+/// sequence, and the records read ahead for them. A heap entry whose sequence is no longer
+/// in the map (fired) is skipped.
 #[derive(Default)]
 struct Held {
-    heap: BinaryHeap<Reverse<(i64, u64)>>,
+    heap: BinaryHeap<Reverse<(i64, u64, Wake)>>,
     timers: HashMap<u64, PendingTimer>,
+    ahead: HashMap<u64, ReadAhead>,
+    ahead_bytes: usize,
+    /// Reads ahead sent and not yet back.
+    reading: usize,
 }
 
 impl Held {
-    fn hold(&mut self, due: i64, timer: PendingTimer) {
-        self.heap.push(Reverse((due, timer.sequence)));
+    fn hold(&mut self, due: i64, timer: PendingTimer, now: i64) {
+        if timer.timer.reads_ahead() {
+            if let Some(at) = horizon::read_ahead_at(due, now) {
+                self.heap
+                    .push(Reverse((at, timer.sequence, Wake::ReadAhead)));
+            }
+        }
+        self.heap.push(Reverse((due, timer.sequence, Wake::Fire)));
         self.timers.insert(timer.sequence, timer);
+    }
+
+    /// Whether one more record may be read ahead.
+    fn may_read_ahead(&self) -> bool {
+        self.ahead.len() + self.reading < MAX_READ_AHEAD && self.ahead_bytes < MAX_READ_AHEAD_BYTES
+    }
+
+    /// Keeps a record read ahead for a timer still held, within the bounds.
+    fn keep_ahead(&mut self, sequence: u64, ahead: ReadAhead) {
+        if self.timers.contains_key(&sequence)
+            && self.ahead_bytes + ahead.bytes() <= MAX_READ_AHEAD_BYTES
+        {
+            self.ahead_bytes += ahead.bytes();
+            if let Some(replaced) = self.ahead.insert(sequence, ahead) {
+                self.ahead_bytes -= replaced.bytes();
+            }
+        }
+    }
+
+    /// Takes a timer due now out, with its record read ahead if there is one.
+    fn take(&mut self, sequence: u64) -> Option<(PendingTimer, Option<ReadAhead>)> {
+        let timer = self.timers.remove(&sequence)?;
+        let ahead = self.ahead.remove(&sequence);
+        if let Some(a) = &ahead {
+            self.ahead_bytes -= a.bytes();
+        }
+        Some((timer, ahead))
     }
 }
 
@@ -63,15 +124,20 @@ impl TimerScheduler {
             let horizon = self.store.timer_horizon_ms();
             let mut held = Held::default();
             let permits = Arc::new(Semaphore::new(CONCURRENCY));
+            let read_permits = Arc::new(Semaphore::new(READ_AHEAD_CONCURRENCY));
             // Timers whose firing failed come back here to be tried again a second later.
             let (retry_tx, mut retries) = tokio::sync::mpsc::unbounded_channel::<PendingTimer>();
+            let acks = self.acknowledge_later(cancel.clone());
             // Timers the server did not take back: held after all, whatever their due time.
             let (keep_tx, mut kept) = tokio::sync::mpsc::unbounded_channel::<PendingTimer>();
+            // Records read ahead, by timer sequence (`None`: nothing to keep).
+            let (ahead_tx, mut read) =
+                tokio::sync::mpsc::unbounded_channel::<(u64, Option<ReadAhead>)>();
             loop {
                 self.metrics.set_timers_held(held.timers.len());
-                let next_due = held.heap.peek().map(|Reverse((due, _))| *due);
-                let wait = next_due.map_or(Duration::from_secs(3600), |due| {
-                    Duration::from_millis((due - Utc::now().timestamp_millis()).max(0) as u64)
+                let next_wake = held.heap.peek().map(|Reverse((at, _, _))| *at);
+                let wait = next_wake.map_or(Duration::from_secs(3600), |at| {
+                    Duration::from_millis((at - Utc::now().timestamp_millis()).max(0) as u64)
                 });
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -84,8 +150,9 @@ impl TimerScheduler {
                             continue;
                         }
                         let due = timer.timer.due.timestamp_millis();
-                        match horizon::place(due, Utc::now().timestamp_millis(), horizon) {
-                            Placement::Fire | Placement::Hold => held.hold(due, timer),
+                        let now = Utc::now().timestamp_millis();
+                        match horizon::place(due, now, horizon) {
+                            Placement::Fire | Placement::Hold => held.hold(due, timer, now),
                             Placement::HandBack(delay) => {
                                 let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                                 self.hand_back(timer, delay, keep_tx.clone(), permit);
@@ -93,29 +160,44 @@ impl TimerScheduler {
                         }
                     }
                     Some(timer) = retries.recv() => {
-                        held.hold(Utc::now().timestamp_millis() + 1000, timer);
+                        let now = Utc::now().timestamp_millis();
+                        held.hold(now + 1000, timer, now);
                     }
                     Some(timer) = kept.recv() => {
                         if !held.timers.contains_key(&timer.sequence) {
-                            held.hold(timer.timer.due.timestamp_millis(), timer);
+                            held.hold(timer.timer.due.timestamp_millis(), timer, Utc::now().timestamp_millis());
                         }
                     }
-                    _ = tokio::time::sleep(wait), if next_due.is_some() => {
+                    Some((sequence, ahead)) = read.recv() => {
+                        held.reading -= 1;
+                        if let Some(ahead) = ahead {
+                            held.keep_ahead(sequence, ahead);
+                        }
+                    }
+                    _ = tokio::time::sleep(wait), if next_wake.is_some() => {
                         let now = Utc::now().timestamp_millis();
-                        while let Some(Reverse((due, key))) = held.heap.peek().copied() {
-                            if due > now {
+                        while let Some(Reverse((at, key, wake))) = held.heap.peek().copied() {
+                            if at > now {
                                 break;
                             }
                             held.heap.pop();
-                            let Some(timer) = held.timers.remove(&key) else { continue };
+                            if wake == Wake::ReadAhead {
+                                if let Some(timer) = held.timers.get(&key).filter(|_| held.may_read_ahead()) {
+                                    held.reading += 1;
+                                    self.read_ahead(timer.timer.clone(), key, ahead_tx.clone(), read_permits.clone());
+                                }
+                                continue;
+                            }
+                            let Some((timer, ahead)) = held.take(key) else { continue };
                             let store = self.store.clone();
                             let retry = retry_tx.clone();
+                            let ack = acks.clone();
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                             tokio::spawn(async move {
-                                match store.fire(&timer.timer).await {
+                                match store.fire(&timer.timer, ahead).await {
                                     Ok(_) => {
                                         store.failpoint("scheduler.timer_fired").await;
-                                        store.timer_done(timer).await;
+                                        let _ = ack.send((Instant::now(), timer));
                                     }
                                     Err(err) => {
                                         warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");
@@ -130,6 +212,41 @@ impl TimerScheduler {
             }
         }
         self.metrics.set_timers_held(0);
+    }
+
+    /// Acknowledges each timer sent to the returned channel `ACK_DELAY` after the instant
+    /// it was sent with (its firing), in the order fired.
+    fn acknowledge_later(
+        &self,
+        cancel: CancellationToken,
+    ) -> UnboundedSender<(Instant, PendingTimer)> {
+        let (tx, mut fired) = tokio::sync::mpsc::unbounded_channel::<(Instant, PendingTimer)>();
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            while let Some((at, timer)) = fired.recv().await {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep_until(at + ACK_DELAY) => store.timer_done(timer).await,
+                }
+            }
+        });
+        tx
+    }
+
+    /// Reads the record `timer` will change ahead of its due time and sends it back to the
+    /// loop, which keeps it for the firing if the timer is still held.
+    fn read_ahead(
+        &self,
+        timer: Timer,
+        sequence: u64,
+        back: UnboundedSender<(u64, Option<ReadAhead>)>,
+        permits: Arc<Semaphore>,
+    ) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await.expect("semaphore open");
+            let _ = back.send((sequence, store.read_ahead(&timer).await));
+        });
     }
 
     /// Sends a timer due beyond the horizon back to JetStream for `delay`; if the server does

@@ -1,6 +1,7 @@
 //! Where a pending timer lives (architecture §3.5): in the leader's memory when it comes due
-//! within the horizon, otherwise back in JetStream until shortly before it does; and how
-//! many timers clients may have pending. Pure: the caller passes the clock.
+//! within the horizon, otherwise back in JetStream until shortly before it does; when the
+//! job record a held timer will change is read ahead; and how many timers clients may have
+//! pending. Pure: the caller passes the clock.
 
 use std::time::Duration;
 
@@ -40,6 +41,23 @@ pub fn place(due_ms: i64, now_ms: i64, horizon_ms: u64) -> Placement {
 /// Longest NAK delay: a timer due later comes back once a day and is handed back again.
 /// Keeps the delay, sent in nanoseconds, far inside what the server parses (an i64).
 pub const MAX_HAND_BACK_MS: u64 = 86_400_000;
+
+/// How long before a promote or expire timer is due the leader reads the job record it will
+/// change, so that the firing itself is a publish and a compare-and-set: 10,000 jobs due at
+/// one instant are read over the two seconds before it, not at it (architecture §3.5).
+pub const READ_AHEAD_MS: i64 = 2_000;
+
+/// A timer due sooner than this after it is held is not read ahead: the firing would come
+/// before the read is back.
+pub const MIN_READ_AHEAD_MS: i64 = 50;
+
+/// When to read ahead for a timer due at `due_ms` (Unix ms), held at `now_ms`:
+/// `READ_AHEAD_MS` before it is due, at once if that has passed, never when it is due within
+/// `MIN_READ_AHEAD_MS`.
+pub fn read_ahead_at(due_ms: i64, now_ms: i64) -> Option<i64> {
+    (due_ms.saturating_sub(now_ms) >= MIN_READ_AHEAD_MS)
+        .then(|| due_ms.saturating_sub(READ_AHEAD_MS).max(now_ms))
+}
 
 /// Admits `adding` client timers (promote and expire timers of a PUSH) when `pending` timers
 /// are in the stream: the total must stay within `max_pending`.
@@ -121,6 +139,24 @@ mod tests {
             Placement::HandBack(_)
         ));
         assert!(matches!(place(i64::MAX, 0, 1), Placement::HandBack(_)));
+    }
+
+    #[test]
+    fn records_are_read_two_seconds_ahead_or_at_once_but_not_for_timers_due_at_once() {
+        assert_eq!(read_ahead_at(10_000, 0), Some(8_000));
+        assert_eq!(
+            read_ahead_at(1_000, 0),
+            Some(0),
+            "less than two seconds ahead: now"
+        );
+        assert_eq!(read_ahead_at(50, 0), Some(0));
+        assert_eq!(read_ahead_at(49, 0), None, "due too soon");
+        assert_eq!(read_ahead_at(0, 1_000), None, "already due");
+        assert_eq!(
+            read_ahead_at(i64::MAX, i64::MIN),
+            Some(i64::MAX - READ_AHEAD_MS)
+        );
+        assert_eq!(read_ahead_at(i64::MIN, i64::MAX), None);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub use queue_ops::QueueStats;
 pub use queues::QueueMeta;
 use queues::QueueRegistry;
 pub use records::Settled;
-pub use timers::{PendingTimer, Timer, TimerFeed, TimerKind};
+pub use timers::{PendingTimer, ReadAhead, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
 pub use unique::ended_lock;
 pub use workers::{BeatReply, WorkerRecord, WorkerState};

@@ -214,7 +214,7 @@ pub(super) const REMOVED_STATE: &str = "Ojs-State";
 
 /// A stored value of the jobs bucket as a [`Lookup`]: a record, or (`None`) a removal
 /// marker.
-fn found(id: &str, value: Option<&[u8]>, revision: u64) -> Result<Lookup, OjsError> {
+pub(super) fn found(id: &str, value: Option<&[u8]>, revision: u64) -> Result<Lookup, OjsError> {
     let Some(value) = value else {
         return Ok(Lookup::Removed);
     };

@@ -18,7 +18,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::cas::{self, Replica};
 use super::error::{all_stored, backend, consumer_missing, nats_failed};
+use super::records::{found, Lookup};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::horizon;
@@ -85,6 +87,30 @@ impl Timer {
             kind: TimerKind::Deadline,
             ..Timer::promote(rec, due)
         }
+    }
+}
+
+impl Timer {
+    /// Whether the leader reads this timer's job record ahead of its due time (§3.5):
+    /// promote and expire timers, whose records as a rule nothing else writes meanwhile.
+    pub fn reads_ahead(&self) -> bool {
+        matches!(self.kind, TimerKind::Promote | TimerKind::Expire)
+    }
+}
+
+/// A job record read ahead of its timer's due time. The firing's first compare-and-set uses
+/// it instead of a read; like a remembered record (§3.12) it only ever decides a write, so a
+/// record changed meanwhile costs a refused write and a read, nothing else.
+pub struct ReadAhead {
+    record: JobRecord,
+    revision: u64,
+    bytes: usize,
+}
+
+impl ReadAhead {
+    /// The size of the record as stored, for the leader's bound on what it keeps.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -205,10 +231,11 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails; the timer stays pending and is fired again later.
-    pub async fn fire(&self, timer: &Timer) -> Result<(), OjsError> {
+    pub async fn fire(&self, timer: &Timer, ahead: Option<ReadAhead>) -> Result<(), OjsError> {
+        let ahead = ahead.map(|a| (a.record, a.revision));
         let fired = match timer.kind {
             TimerKind::Promote => self
-                .transition(&timer.id, |rec, now| {
+                .transition_from(&timer.id, ahead, |rec, now| {
                     Ok(lifecycle::promote(rec, now, timer.dispatch))
                 })
                 .await
@@ -217,7 +244,7 @@ impl Store {
             TimerKind::Worker => self.worker_expired(&timer.id).await,
             TimerKind::Workflow => self.workflow_timer_fired(&timer.id).await,
             TimerKind::Expire => self
-                .transition(&timer.id, |rec, now| Ok(lifecycle::expire(rec, now)))
+                .transition_from(&timer.id, ahead, |rec, now| Ok(lifecycle::expire(rec, now)))
                 .await
                 .map(drop),
         };
@@ -301,6 +328,31 @@ impl TimerFeed {
 }
 
 impl Store {
+    /// Reads the job record `timer` will change, ahead of its due time; `None` for other
+    /// kinds of timer, a job that is gone, or a read that failed (the firing reads then).
+    pub async fn read_ahead(&self, timer: &Timer) -> Option<ReadAhead> {
+        if !timer.reads_ahead() {
+            return None;
+        }
+        let last = cas::last(
+            &self.inner.jobs,
+            &timer.id,
+            Replica::Nearest,
+            "reading a job ahead of its timer",
+        )
+        .await
+        .ok()??;
+        let bytes = last.value.as_ref()?.len();
+        match found(&timer.id, last.value.as_deref(), last.revision).ok()? {
+            Lookup::Found(record, revision) => Some(ReadAhead {
+                record: *record,
+                revision,
+                bytes,
+            }),
+            Lookup::Removed | Lookup::Missing => None,
+        }
+    }
+
     /// Removes a fired timer from the stream.
     pub async fn timer_done(&self, timer: PendingTimer) {
         let client = self.inner.js.client();

@@ -93,10 +93,25 @@ impl Store {
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
     {
+        self.transition_from(id, None, decide).await
+    }
+
+    /// `transition`, whose first try uses `ahead` (a record and its revision read earlier)
+    /// if given, else the record this gateway wrote last (`recent.rs`), instead of a read.
+    pub(super) async fn transition_from<F>(
+        &self,
+        id: &str,
+        mut ahead: Option<(JobRecord, u64)>,
+        decide: F,
+    ) -> Result<Settled, OjsError>
+    where
+        F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
+    {
         let mut raced = None;
         for attempt in 0..MAX_CAS_ATTEMPTS {
-            // The first try may use the record this gateway wrote last (`recent.rs`).
-            let guess = (attempt == 0).then(|| self.inner.recent.take(id)).flatten();
+            let guess = (attempt == 0)
+                .then(|| ahead.take().or_else(|| self.inner.recent.take(id)))
+                .flatten();
             let guessed = guess.is_some();
             let (before, revision) = match guess {
                 Some(found) => found,

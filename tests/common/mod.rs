@@ -678,7 +678,8 @@ pub fn ts(v: &Value) -> chrono::DateTime<chrono::Utc> {
         .with_timezone(&chrono::Utc)
 }
 
-/// Long-polls `queue` through `app` until `n` scheduled jobs have come; how late each
+/// Long-polls `queue` through `app` until `n` scheduled jobs have come, acknowledging each
+/// (as a worker that ran it; a job left active would get a deadline timer); how late each
 /// reached the worker after its `scheduled_at`, in milliseconds, sorted.
 pub async fn lateness_to_a_waiting_worker(app: &TestApp, queue: &str, n: usize) -> Vec<i64> {
     let mut lateness = Vec::new();
@@ -693,6 +694,10 @@ pub async fn lateness_to_a_waiting_worker(app: &TestApp, queue: &str, n: usize) 
         let job = &r.body["jobs"][0];
         assert!(job.is_object(), "nothing came: {}", r.body);
         lateness.push((got - ts(&job["scheduled_at"])).num_milliseconds());
+        let r = app
+            .ack(json!({"job_id": job["id"], "worker_id": "w"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
     }
     lateness.sort_unstable();
     lateness

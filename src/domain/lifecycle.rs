@@ -336,6 +336,58 @@ pub fn retry_discarded(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord,
     Ok(next)
 }
 
+/// Bulk retry (bulk-operations spec §7): a discarded job as the dead letter queue's retry
+/// does; a retryable one now rather than at its next attempt time, keeping its attempt count
+/// (the promote timer set for its dispatch is then stale). Other states are refused with 409.
+pub fn retry_now(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsError> {
+    match rec.job.state {
+        JobState::Discarded => retry_discarded(rec, now),
+        JobState::Retryable => Ok(waited(rec, now, Transition::Retried)),
+        other => Err(refused(
+            rec,
+            format!(
+                "Job '{}' is {other}; only discarded and retryable jobs can be retried.",
+                rec.job.id
+            ),
+        )),
+    }
+}
+
+/// Bulk delete (bulk-operations spec §8): only a finished job (completed, cancelled or
+/// discarded) may be removed, and not a workflow's member, which its workflow still names.
+///
+/// # Errors
+/// 409 otherwise.
+pub fn check_deletable(rec: &JobRecord) -> Result<(), OjsError> {
+    let id = &rec.job.id;
+    if !matches!(
+        rec.job.state,
+        JobState::Completed | JobState::Cancelled | JobState::Discarded
+    ) {
+        return Err(refused(
+            rec,
+            format!(
+                "Job '{id}' is {}; only completed, cancelled and discarded jobs can be deleted.",
+                rec.job.state
+            ),
+        ));
+    }
+    if rec.job.workflow_id.is_some() {
+        return Err(refused(
+            rec,
+            format!("Job '{id}' belongs to a workflow, which still names it."),
+        ));
+    }
+    Ok(())
+}
+
+/// 409 for an operation `rec`'s state does not allow, naming the job and its state.
+fn refused(rec: &JobRecord, message: String) -> OjsError {
+    OjsError::new(ErrorCode::Conflict, message)
+        .with_detail("job_id", rec.job.id.as_str())
+        .with_detail("current_state", rec.job.state.as_str())
+}
+
 /// A lapsed job that is available again needs a queue message of its own: the old one is
 /// still held by the lost reservation and will be acknowledged as spent.
 fn redispatch(mut next: JobRecord) -> JobRecord {
@@ -438,13 +490,18 @@ pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<Job
     if rec.dispatch != dispatch || due_at(rec).is_some_and(|at| at > now) {
         return None;
     }
+    Some(waited(rec, now, Transition::Promoted))
+}
+
+/// A retryable or scheduled job available now, under the next dispatch.
+fn waited(rec: &JobRecord, now: DateTime<Utc>, transition: Transition) -> JobRecord {
     let mut next = rec.clone();
     next.job.state = JobState::Available;
     next.job.enqueued_at = Some(now);
     next.job.next_attempt_at = None;
     next.dispatch += 1;
-    next.transition = Transition::Promoted;
-    Some(next)
+    next.transition = transition;
+    next
 }
 
 /// Core §5.2: a job whose `expires_at` has passed before it started is discarded without
@@ -823,5 +880,60 @@ mod tests {
         let from_active = cancel(&active, now()).unwrap().unwrap();
         assert_eq!(from_active.job.attempt, 1);
         assert!(from_active.job.started_at.is_some());
+    }
+
+    #[test]
+    fn bulk_retry_takes_discarded_and_retryable_jobs_and_refuses_the_rest() {
+        let mut waiting = record(json!({}));
+        waiting.job.state = JobState::Retryable;
+        waiting.job.attempt = 2;
+        waiting.job.next_attempt_at = Some(now() + chrono::Duration::hours(1));
+        let next = retry_now(&waiting, now()).unwrap();
+        assert_eq!(next.job.state, JobState::Available);
+        assert_eq!(next.job.attempt, 2, "the attempt count is kept");
+        assert_eq!(next.job.next_attempt_at, None);
+        assert_eq!(
+            next.dispatch,
+            waiting.dispatch + 1,
+            "the pending timer is stale"
+        );
+
+        let mut dead = record(json!({}));
+        dead.job.state = JobState::Discarded;
+        dead.job.attempt = 3;
+        assert_eq!(retry_now(&dead, now()).unwrap().job.attempt, 0);
+
+        for state in [JobState::Available, JobState::Active, JobState::Completed] {
+            let mut rec = record(json!({}));
+            rec.job.state = state;
+            let err = retry_now(&rec, now()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::Conflict);
+            assert_eq!(err.details["current_state"], state.as_str());
+        }
+    }
+
+    #[test]
+    fn only_finished_jobs_outside_workflows_can_be_deleted() {
+        for (state, ok) in [
+            (JobState::Completed, true),
+            (JobState::Cancelled, true),
+            (JobState::Discarded, true),
+            (JobState::Available, false),
+            (JobState::Active, false),
+            (JobState::Retryable, false),
+            (JobState::Scheduled, false),
+            (JobState::Pending, false),
+        ] {
+            let mut rec = record(json!({}));
+            rec.job.state = state;
+            assert_eq!(check_deletable(&rec).is_ok(), ok, "{state}");
+        }
+        let mut member = record(json!({}));
+        member.job.state = JobState::Completed;
+        member.job.workflow_id = Some("wf".into());
+        assert_eq!(
+            check_deletable(&member).unwrap_err().code,
+            ErrorCode::Conflict
+        );
     }
 }

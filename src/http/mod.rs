@@ -2,6 +2,7 @@
 //! (content type, `OJS-Version`, `X-Request-Id`, error bodies) and request metrics.
 
 mod admin;
+mod bulk;
 mod cron;
 mod dead_letter;
 mod error;
@@ -54,6 +55,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/metrics", get(system::metrics))
         .route("/ojs/v1/jobs", post(jobs::enqueue))
         .route("/ojs/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/ojs/v1/jobs/bulk/cancel", post(bulk::cancel))
+        .route("/ojs/v1/jobs/bulk/retry", post(bulk::retry))
+        .route("/ojs/v1/jobs/bulk/delete", post(bulk::delete))
         .route("/ojs/v1/jobs/{id}", get(jobs::info).delete(jobs::cancel))
         .route("/ojs/v1/jobs/{id}/activate", post(jobs::activate))
         .route("/ojs/v1/workers/fetch", post(workers::fetch))

@@ -4,6 +4,8 @@
 //! listed newest first by walking the stream backwards — no key listing. Retention is the
 //! stream's own limits, so NATS prunes entries and a job counts only while its entry exists.
 
+use std::future::Future;
+
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
@@ -14,6 +16,8 @@ use tracing::warn;
 use super::cas::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
 use super::error::{backend, refusal};
 use super::Store;
+use chrono::{DateTime, Utc};
+
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;
@@ -24,13 +28,6 @@ const SCAN_LIMIT: u64 = 5_000;
 #[derive(Debug, Serialize, Deserialize)]
 struct Entry {
     id: String,
-}
-
-/// A job in the dead letter queue: its record, the record's revision and its entry's sequence.
-struct DeadLettered {
-    record: JobRecord,
-    revision: u64,
-    entry: u64,
 }
 
 /// One page of the dead letter queue, newest first.
@@ -133,12 +130,12 @@ impl Store {
     /// # Errors
     /// 404 when the job is unknown or not in the dead letter queue.
     pub async fn dead_letter(&self, id: &str) -> Result<Job, OjsError> {
-        Ok(self.dead_lettered(id, Replica::Nearest).await?.record.job)
+        Ok(self.dead_lettered(id, Replica::Nearest).await?.0.job)
     }
 
-    /// The job's record while it is in the dead letter queue: the record names an entry and
-    /// retention has not pruned that entry.
-    async fn dead_lettered(&self, id: &str, from: Replica) -> Result<DeadLettered, OjsError> {
+    /// The job's record and its revision while it is in the dead letter queue: the record
+    /// names an entry and retention has not pruned that entry.
+    async fn dead_lettered(&self, id: &str, from: Replica) -> Result<(JobRecord, u64), OjsError> {
         let not_in_queue = || OjsError::not_found("dead-letter job", id);
         let Some((record, revision)) = self.read(id, from).await? else {
             return Err(not_in_queue());
@@ -149,11 +146,7 @@ impl Store {
         if !self.dead_letter_entry_exists(entry).await? {
             return Err(not_in_queue());
         }
-        Ok(DeadLettered {
-            record,
-            revision,
-            entry,
-        })
+        Ok((record, revision))
     }
 
     /// Whether the dead-letter entry at `sequence` is still stored (retention removes them).
@@ -173,10 +166,17 @@ impl Store {
     /// # Errors
     /// 404 unknown job; 409 when it is not discarded.
     pub async fn retry_dead_letter(&self, id: &str) -> Result<Job, OjsError> {
+        self.retry(id, lifecycle::retry_discarded).await
+    }
+
+    /// A retry decided by `decide`; a job that was in the dead letter queue leaves it.
+    pub(super) async fn retry(
+        &self,
+        id: &str,
+        decide: fn(&JobRecord, DateTime<Utc>) -> Result<JobRecord, OjsError>,
+    ) -> Result<Job, OjsError> {
         let settled = self
-            .transition(id, |rec, now| {
-                lifecycle::retry_discarded(rec, now).map(Some)
-            })
+            .transition(id, |rec, now| decide(rec, now).map(Some))
             .await?;
         if let Some(seq) = settled.before.dead_letter {
             self.drop_dead_letter_entry(seq).await;
@@ -184,31 +184,41 @@ impl Store {
         Ok(settled.after.job)
     }
 
-    /// Removes a job from the dead letter queue for good: its entry and its record. The
-    /// purge names the revision it decided on, so a job retried meanwhile is never lost.
+    /// Removes a job from the dead letter queue for good: its entry and its record.
     ///
     /// # Errors
     /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
+        self.purge_job(id, |from| self.dead_lettered(id, from))
+            .await
+    }
+
+    /// Removes the record `find` reads and accepts, then its dead-letter entry if it has one.
+    /// The removal names the revision `find` decided on, so a job changed meanwhile (retried,
+    /// say) is decided again, never lost.
+    ///
+    /// # Errors
+    /// What `find` refuses with; 409 when the job keeps changing.
+    pub(super) async fn purge_job<F, Fut>(&self, id: &str, find: F) -> Result<(), OjsError>
+    where
+        F: Fn(Replica) -> Fut,
+        Fut: Future<Output = Result<(JobRecord, u64), OjsError>>,
+    {
         let mut raced = None;
         for round in 0..MAX_CAS_ATTEMPTS {
-            let DeadLettered {
-                record,
-                revision,
-                entry,
-            } = self
-                .dead_lettered(id, Replica::after(raced.is_some()))
-                .await?;
-            let err = match self.purge_record(&record, revision).await {
+            let (record, revision) = find(Replica::after(raced.is_some())).await?;
+            let err = match self.remove_record(&record, revision).await {
                 Ok(()) => {
                     self.failpoint("dead_letter.purged").await;
-                    self.drop_dead_letter_entry(entry).await;
+                    if let Some(entry) = record.dead_letter {
+                        self.drop_dead_letter_entry(entry).await;
+                    }
                     return Ok(());
                 }
                 Err(err) => err,
             };
             let Some(why) = refusal(&err, kv::UpdateErrorKind::WrongLastRevision) else {
-                return Err(backend("deleting a dead-letter job")(err));
+                return Err(backend("deleting a job")(err));
             };
             raced = Some(why);
             pause_after(why, round).await;

@@ -238,7 +238,7 @@ impl Store {
             };
             let mut removed = false;
             for _ in 0..3 {
-                let err = match self.purge_record(rec, *revision).await {
+                let err = match self.remove_record(rec, *revision).await {
                     Ok(()) => {
                         removed = true;
                         break;
@@ -247,8 +247,8 @@ impl Store {
                 };
                 warn!(job_id = %id, error = %err, "could not roll back a job of a refused batch");
                 match self.inner.jobs.entry(id).await {
-                    // An earlier try purged it; only its answer was lost.
-                    Ok(Some(entry)) if entry.operation == kv::Operation::Purge => {
+                    // An earlier try removed it; only its answer was lost.
+                    Ok(Some(entry)) if entry.operation != kv::Operation::Put => {
                         removed = true;
                         break;
                     }

@@ -184,7 +184,7 @@ pub struct JobWrite {
     pub record: Option<JobRecord>,
     /// A put whose value is no job record (written by something else, or by a newer build).
     pub unreadable: bool,
-    /// For a purge marker of `Store::purge_record`: the queue and state of the record it
+    /// For a removal marker of `Store::remove_record`: the queue and state of the record it
     /// removed.
     pub removed: Option<(String, JobState)>,
     pub revision: u64,

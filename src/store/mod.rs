@@ -1,6 +1,7 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
 //! handle shared by the HTTP handlers and the coordinator.
 
+mod bulk;
 mod cas;
 mod cron;
 mod dead_letter;

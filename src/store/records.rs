@@ -178,20 +178,22 @@ impl Store {
 }
 
 impl Store {
-    /// Removes the record `rec` if the job is still at `revision`, as KV's purge does, with
+    /// Removes the record `rec` if the job is still at `revision`: a KV delete marker, with
     /// the queue and state it leaves in headers (`Ojs-Queue`, `Ojs-State`) so that the
-    /// queue statistics count the removal from the marker alone (architecture §3.17).
+    /// queue statistics count the removal from the marker alone (architecture §3.17). Not a
+    /// purge: on nats-server 2.9 a purge of one subject moves every consumer of the stream
+    /// past the writes of other jobs it has not delivered yet, the event publisher's among
+    /// them. The job's earlier writes stay until the pruner removes the job (§3.13).
     ///
     /// # Errors
-    /// A wrong revision as async-nats reports it for a purge, or the publish's failure.
-    pub(super) async fn purge_record(
+    /// A wrong revision as async-nats reports it for a delete, or the publish's failure.
+    pub(super) async fn remove_record(
         &self,
         rec: &JobRecord,
         revision: u64,
     ) -> Result<(), kv::UpdateError> {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert("KV-Operation", "PURGE");
-        headers.insert("Nats-Rollup", "sub");
+        headers.insert("KV-Operation", "DEL");
         headers.insert(
             "Nats-Expected-Last-Subject-Sequence",
             revision.to_string().as_str(),
@@ -208,7 +210,7 @@ impl Store {
     }
 }
 
-/// Headers of a purge marker naming the queue and state of the record it removed.
+/// Headers of a removal marker naming the queue and state of the record it removed.
 pub(super) const REMOVED_QUEUE: &str = "Ojs-Queue";
 pub(super) const REMOVED_STATE: &str = "Ojs-State";
 

@@ -1,0 +1,221 @@
+//! Bulk CANCEL, RETRY and DELETE by job id (bulk-operations spec §6–§9): what a request may
+//! ask for and the shape of the answer. Pure: `store/bulk.rs` runs the operation on each id.
+
+use serde_json::{json, Map, Value};
+
+use super::error::{ErrorCode, OjsError};
+use super::fields;
+
+/// Most job ids one bulk request may name (the spec asks for at least 100, 1,000 advised).
+pub const MAX_BULK_IDS: usize = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkOp {
+    Cancel,
+    Retry,
+    Delete,
+}
+
+impl BulkOp {
+    /// What a job that went through became: the item's `status` and the summary's count.
+    pub fn done(self) -> &'static str {
+        match self {
+            BulkOp::Cancel => "cancelled",
+            BulkOp::Retry => "retried",
+            BulkOp::Delete => "deleted",
+        }
+    }
+}
+
+/// The job ids a bulk request names, in order.
+///
+/// # Errors
+/// 400 for a missing, empty or ill-typed `job_ids` or a bad `atomicity`; 413 past
+/// `MAX_BULK_IDS`; 422 `unsupported` for a `filter` (selecting jobs by field needs an index
+/// the server does not keep yet) and for `atomicity: "atomic"` (each job is its own
+/// compare-and-set: no all-or-none across jobs).
+pub fn job_ids(body: &Map<String, Value>) -> Result<Vec<String>, OjsError> {
+    let filter = fields::present(body.get("filter"));
+    let ids = fields::array(body.get("job_ids"), "job_ids", "an array of job ids")?;
+    match (ids, filter) {
+        (Some(_), Some(_)) => {
+            return Err(OjsError::invalid(
+                "filter",
+                "Give either job_ids or filter, not both.",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(OjsError::new(
+                ErrorCode::Unsupported,
+                "Selecting jobs by filter is not supported; name them in job_ids.",
+            )
+            .with_detail("field", "filter"))
+        }
+        _ => {}
+    }
+    match fields::string(body.get("atomicity"), "atomicity")? {
+        None | Some("partial") => {}
+        Some("atomic") => {
+            return Err(OjsError::new(
+                ErrorCode::Unsupported,
+                "Atomic bulk cancel, retry and delete are not supported: each job changes on its own. Use \"partial\" and read the result of each item.",
+            )
+            .with_detail("field", "atomicity"))
+        }
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "atomicity",
+                format!("atomicity must be \"partial\" or \"atomic\", got \"{}\".", fields::truncated(other)),
+            ))
+        }
+    }
+    let ids = ids.ok_or_else(|| fields::missing("job_ids", "an array of job ids"))?;
+    if ids.is_empty() {
+        return Err(OjsError::invalid(
+            "job_ids",
+            "job_ids must name at least one job.",
+        ));
+    }
+    if ids.len() > MAX_BULK_IDS {
+        return Err(OjsError::new(
+            ErrorCode::EnvelopeTooLarge,
+            format!(
+                "Batch size {} exceeds the maximum of {MAX_BULK_IDS} job ids.",
+                ids.len()
+            ),
+        )
+        .with_detail("max_batch_size", MAX_BULK_IDS));
+    }
+    ids.iter()
+        .map(|id| match id {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(fields::type_error("job_ids", "an array of job ids", other)),
+        })
+        .collect()
+}
+
+/// The answer to a bulk request: 200 when every job went through, 422 when none did, 207
+/// otherwise; a job whose state does not allow the operation (409) is `skipped` with the
+/// reason, any other error `failed` with the error.
+pub fn answer(op: BulkOp, ids: &[String], results: &[Result<(), OjsError>]) -> (u16, Value) {
+    let (mut done, mut skipped, mut failed) = (0, 0, 0);
+    let items: Vec<Value> = ids
+        .iter()
+        .zip(results)
+        .enumerate()
+        .map(|(index, (id, result))| match result {
+            Ok(()) => {
+                done += 1;
+                json!({"index": index, "job_id": id, "status": op.done()})
+            }
+            Err(err) if err.code == ErrorCode::Conflict => {
+                skipped += 1;
+                json!({"index": index, "job_id": id, "status": "skipped", "reason": err.message})
+            }
+            Err(err) => {
+                failed += 1;
+                json!({"index": index, "job_id": id, "status": "failed",
+                    "error": {"code": err.code.as_str(), "message": err.message, "retryable": err.code.retryable()}})
+            }
+        })
+        .collect();
+    let status = match done {
+        d if d == ids.len() => 200,
+        0 => 422,
+        _ => 207,
+    };
+    let mut body = json!({
+        "total": ids.len(),
+        "total_matched": ids.len(),
+        "skipped": skipped,
+        "failed": failed,
+        "items": items,
+    });
+    body[op.done()] = json!(done);
+    (status, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn job_ids_are_read_in_order_within_the_cap() {
+        let ids = job_ids(&body(json!({"job_ids": ["a", "b", "a"]}))).unwrap();
+        assert_eq!(ids, ["a", "b", "a"]);
+        assert!(job_ids(&body(json!({"job_ids": ["a"], "atomicity": "partial"}))).is_ok());
+        let many: Vec<String> = (0..MAX_BULK_IDS).map(|i| i.to_string()).collect();
+        assert!(job_ids(&body(json!({ "job_ids": many }))).is_ok());
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_field_named() {
+        let code = |v: Value| job_ids(&body(v)).unwrap_err().code;
+        assert_eq!(code(json!({})), ErrorCode::InvalidRequest);
+        assert_eq!(code(json!({"job_ids": []})), ErrorCode::InvalidRequest);
+        assert_eq!(code(json!({"job_ids": "a"})), ErrorCode::InvalidRequest);
+        assert_eq!(
+            code(json!({"job_ids": ["a", 1]})),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(json!({"job_ids": ["a"], "atomicity": "some"})),
+            ErrorCode::InvalidRequest
+        );
+        assert_eq!(
+            code(json!({"job_ids": ["a"], "filter": {"queue": "q"}})),
+            ErrorCode::InvalidRequest
+        );
+        let over: Vec<String> = (0..=MAX_BULK_IDS).map(|i| i.to_string()).collect();
+        let err = job_ids(&body(json!({ "job_ids": over }))).unwrap_err();
+        assert_eq!(err.code, ErrorCode::EnvelopeTooLarge);
+        assert_eq!(err.details["max_batch_size"], MAX_BULK_IDS);
+    }
+
+    #[test]
+    fn filters_and_atomic_mode_are_refused_as_unsupported() {
+        let code = |v: Value| job_ids(&body(v)).unwrap_err().code;
+        assert_eq!(
+            code(json!({"filter": {"queue": "q"}})),
+            ErrorCode::Unsupported
+        );
+        assert_eq!(
+            code(json!({"job_ids": ["a"], "atomicity": "atomic"})),
+            ErrorCode::Unsupported
+        );
+    }
+
+    #[test]
+    fn the_answer_names_each_item_and_its_status_follows_the_outcomes() {
+        let ids = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let conflict = OjsError::new(ErrorCode::Conflict, "Job 'b' is active.");
+        let missing = OjsError::not_found("job", "c");
+        let (status, body) = answer(BulkOp::Cancel, &ids, &[Ok(()), Err(conflict), Err(missing)]);
+        assert_eq!(status, 207);
+        assert_eq!(body["total"], 3);
+        assert_eq!(body["cancelled"], 1);
+        assert_eq!(body["skipped"], 1);
+        assert_eq!(body["failed"], 1);
+        assert_eq!(
+            body["items"][0],
+            json!({"index": 0, "job_id": "a", "status": "cancelled"})
+        );
+        assert_eq!(body["items"][1]["status"], "skipped");
+        assert_eq!(body["items"][1]["reason"], "Job 'b' is active.");
+        assert_eq!(body["items"][2]["status"], "failed");
+        assert_eq!(body["items"][2]["error"]["code"], "not_found");
+
+        let two = &ids[..2];
+        assert_eq!(answer(BulkOp::Retry, two, &[Ok(()), Ok(())]).0, 200);
+        assert_eq!(
+            answer(BulkOp::Retry, two, &[Ok(()), Ok(())]).1["retried"],
+            2
+        );
+        let refused = || Err(OjsError::new(ErrorCode::Conflict, "no"));
+        assert_eq!(answer(BulkOp::Delete, two, &[refused(), refused()]).0, 422);
+    }
+}

@@ -108,23 +108,31 @@ impl Store {
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
     {
         let mut raced = None;
+        let mut confirming = false;
         for attempt in 0..MAX_CAS_ATTEMPTS {
             let guess = (attempt == 0)
                 .then(|| ahead.take().or_else(|| self.inner.recent.take(id)))
                 .flatten();
             let guessed = guess.is_some();
+            let from = Replica::after(raced.is_some() || confirming);
             let (before, revision) = match guess {
                 Some(found) => found,
                 None => self
-                    .read(id, Replica::after(raced.is_some()))
+                    .read(id, from)
                     .await?
                     .ok_or_else(|| OjsError::not_found("job", id))?,
             };
             let mut after = match decide(&before, Utc::now()) {
                 Ok(Some(after)) => after,
                 // A remembered record only ever decides a write; a refusal or "nothing to
-                // do" is decided on a fresh read.
+                // do" is decided on a fresh read, and one from the nearest replica is
+                // confirmed on the stream leader's copy: a replica catching up (a node
+                // rejoining a cluster) may still show an earlier state.
                 _ if guessed => continue,
+                _ if from == Replica::Nearest => {
+                    confirming = true;
+                    continue;
+                }
                 Ok(None) => {
                     return Ok(Settled {
                         after: before.clone(),

@@ -22,6 +22,15 @@ use tokio::task::JoinHandle;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// A test server's store directory: in `/dev/shm` where there is one (memory-backed), so
+/// the disk writeback of the build that ran just before the tests (as in CI) cannot stall
+/// the servers whose timing the tests measure; otherwise the system's temp directory.
+fn store_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("temp dir")
+}
+
 /// A nats-server child process; killed and its store removed on drop.
 pub struct NatsServer {
     child: Option<Child>,
@@ -51,7 +60,7 @@ impl NatsServer {
     fn unstarted() -> NatsServer {
         NatsServer {
             child: None,
-            dir: tempfile::tempdir().expect("temp dir"),
+            dir: store_dir(),
             port: 0,
             url: String::new(),
             name: String::new(),

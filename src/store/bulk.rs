@@ -34,7 +34,7 @@ impl Store {
     /// # Errors
     /// 404 unknown job; 409 for a job not finished or in a workflow (`check_deletable`).
     async fn delete_finished(&self, id: &str) -> Result<(), OjsError> {
-        self.purge_job(id, |from| async move {
+        self.remove_job(id, |from| async move {
             let (record, revision) = self
                 .read(id, from)
                 .await?

@@ -189,7 +189,7 @@ impl Store {
     /// # Errors
     /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
-        self.purge_job(id, |from| self.dead_lettered(id, from))
+        self.remove_job(id, |from| self.dead_lettered(id, from))
             .await
     }
 
@@ -199,7 +199,7 @@ impl Store {
     ///
     /// # Errors
     /// What `find` refuses with; 409 when the job keeps changing.
-    pub(super) async fn purge_job<F, Fut>(&self, id: &str, find: F) -> Result<(), OjsError>
+    pub(super) async fn remove_job<F, Fut>(&self, id: &str, find: F) -> Result<(), OjsError>
     where
         F: Fn(Replica) -> Fut,
         Fut: Future<Output = Result<(JobRecord, u64), OjsError>>,

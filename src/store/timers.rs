@@ -88,9 +88,7 @@ impl Timer {
             ..Timer::promote(rec, due)
         }
     }
-}
 
-impl Timer {
     /// Whether the leader reads this timer's job record ahead of its due time (§3.5):
     /// promote and expire timers, whose records as a rule nothing else writes meanwhile.
     pub fn reads_ahead(&self) -> bool {

@@ -45,6 +45,10 @@ pub struct Config {
     /// milliseconds: a creation cut short is cancelled, a cancel finished (architecture
     /// §3.16).
     pub workflow_grace_ms: u64,
+    /// How long a batch PUSH may take before the leader repairs it, in milliseconds: one
+    /// cut short before its commit is undone, one cut short after it is finished
+    /// (architecture §4 PUSH).
+    pub batch_grace_ms: u64,
     /// JetStream's redelivery backstop for fetched messages nobody settled, in milliseconds:
     /// how long a delivery stranded by a dead gateway waits; a job running longer than this
     /// costs one record write per period (architecture §3.2).
@@ -112,6 +116,7 @@ impl Default for Config {
             execution_timeout_ms: 1_800_000,
             heartbeat_timeout_ms: 30_000,
             workflow_grace_ms: 30_000,
+            batch_grace_ms: 30_000,
             ack_wait_ms: 60_000,
             job_history: 5,
             events_max_age_ms: DAY_MS,
@@ -273,6 +278,10 @@ impl Config {
                 return invalid(field, "must be at most 3153600000000 (100 years)");
             }
         }
+        // A batch's mark must outlive its grace by far (the batches bucket keeps marks 24 h).
+        if self.batch_grace_ms > 3_600_000 {
+            return invalid("batch_grace_ms", "must be at most 3600000 (1 hour)");
+        }
         // The dead-letter spec requires a retention policy; NATS reads 0 as "no limit".
         if self.dead_letter_max_count < 1 {
             return invalid("dead_letter_max_count", "must be positive");
@@ -283,6 +292,7 @@ impl Config {
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
             ("workflow_grace_ms", self.workflow_grace_ms),
+            ("batch_grace_ms", self.batch_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
             ("nats_timeout_ms", self.nats_timeout_ms),
         ] {
@@ -295,6 +305,7 @@ impl Config {
             ("execution_timeout_ms", self.execution_timeout_ms),
             ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
             ("workflow_grace_ms", self.workflow_grace_ms),
+            ("batch_grace_ms", self.batch_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
         ] {
             if ms > crate::domain::duration::MAX.as_millis() as u64 {

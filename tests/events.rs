@@ -137,6 +137,32 @@ async fn feeds(
     feeds
 }
 
+/// The one feed consumer's name and acknowledged floor, once that floor is past `after`:
+/// the publisher acknowledges a batch only after its events are stored (and counted), so
+/// the events of a write are seen a moment before its acknowledgement.
+async fn feed_past(stream: &async_nats::jetstream::stream::Stream, after: u64) -> (String, u64) {
+    eventually(
+        Duration::from_secs(5),
+        "the feed's acknowledgement",
+        || async {
+            let mut current = feeds(stream).await;
+            if current.len() != 1 {
+                return None; // one feed consumer per leadership, once an earlier one is removed
+            }
+            let (name, mut feed) = current.pop().unwrap();
+            assert!(name.starts_with("event-publisher-"), "{name}");
+            let info = feed.info().await.unwrap();
+            assert_eq!(
+                info.config.ack_policy,
+                async_nats::jetstream::consumer::AckPolicy::All
+            );
+            let floor = info.ack_floor.stream_sequence;
+            (floor > after).then_some((name, floor))
+        },
+    )
+    .await
+}
+
 /// The single job-write feed consumer of earlier versions (`event-publisher`, here one
 /// that acknowledged every write) is taken over where it stopped by the leadership's own
 /// consumer, and then removed.
@@ -148,16 +174,12 @@ async fn an_earlier_versions_feed_consumer_is_taken_over_where_it_stopped() {
     let app = spawn_app(&nats.url).await;
     let first = app.enqueue(job_on("feed")).await;
     events_of(&app, "type=job.enqueued", 1).await;
-    app.stop().await;
-
     let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
     let stream = js.get_stream("KV_ojs-jobs").await.unwrap();
-    let mut current = feeds(&stream).await;
-    assert_eq!(current.len(), 1, "one feed consumer per leadership");
-    let (name, mut feed) = current.pop().unwrap();
-    assert!(name.starts_with("event-publisher-"), "{name}");
-    let floor = feed.info().await.unwrap().ack_floor.stream_sequence;
-    assert!(floor > 0, "the first job's write was handled");
+    // The first job's write handled and acknowledged.
+    let (name, floor) = feed_past(&stream, 0).await;
+    app.stop().await;
+
     stream.delete_consumer(&name).await.unwrap();
     stream
         .create_consumer(pull::Config {
@@ -176,14 +198,6 @@ async fn an_earlier_versions_feed_consumer_is_taken_over_where_it_stopped() {
     let events = events_of(&app, "type=job.enqueued", 2).await;
     let ids: Vec<_> = events.iter().map(|e| e["data"]["job_id"].clone()).collect();
     assert_eq!(ids, [json!(first), json!(second)]);
-    let mut current = feeds(&stream).await;
-    assert_eq!(current.len(), 1, "the earlier consumer is removed");
-    let (name, mut feed) = current.pop().unwrap();
-    assert!(name.starts_with("event-publisher-"), "{name}");
-    let info = feed.info().await.unwrap();
-    assert_eq!(info.config.ack_policy, AckPolicy::All);
-    assert!(
-        info.ack_floor.stream_sequence > floor,
-        "it went on after the old floor"
-    );
+    // The earlier consumer is removed, and the leadership's own one went on after its floor.
+    feed_past(&stream, floor).await;
 }

@@ -13,8 +13,9 @@ use common::{spawn_app_with, test_config, GatewayProcess, NatsServer, Reply, Tes
 use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
-/// AckWait, visibility timeout and workflow grace of both gateways: how long a message or
-/// a claim held by the dead gateway stays with it, and a workflow it was creating.
+/// AckWait, visibility timeout, workflow and batch grace of both gateways: how long a
+/// message or a claim held by the dead gateway stays with it, and a workflow or batch it
+/// was creating.
 const HOLD_MS: u64 = 2000;
 /// The exit code of a failpoint's `exit`.
 const FAILPOINT_EXIT: i32 = 86;
@@ -43,19 +44,29 @@ enum Leader {
 
 impl Pair {
     async fn start(point: &str, leader: Leader) -> Pair {
+        Pair::armed_with(&format!("{point}=exit"), leader).await
+    }
+
+    /// A pair whose "armed" gateway has no failpoint: a test kills it by signal.
+    async fn unarmed(leader: Leader) -> Pair {
+        Pair::armed_with("", leader).await
+    }
+
+    async fn armed_with(failpoints: &str, leader: Leader) -> Pair {
         let nats = NatsServer::start();
-        let failpoints = format!("{point}=exit");
         let hold = HOLD_MS.to_string();
         let env = [
-            ("OJS_FAILPOINTS", failpoints.as_str()),
+            ("OJS_FAILPOINTS", failpoints),
             ("OJS_ACK_WAIT_MS", hold.as_str()),
             ("OJS_VISIBILITY_TIMEOUT_MS", hold.as_str()),
             ("OJS_WORKFLOW_GRACE_MS", hold.as_str()),
+            ("OJS_BATCH_GRACE_MS", hold.as_str()),
         ];
         let config = Config {
             ack_wait_ms: HOLD_MS,
             visibility_timeout_ms: HOLD_MS,
             workflow_grace_ms: HOLD_MS,
+            batch_grace_ms: HOLD_MS,
             ..test_config(&nats.url)
         };
         // The first to start takes the lease; the other waits for it to expire.
@@ -211,6 +222,173 @@ async fn push_killed_holding_a_unique_lock_blocks_the_key_no_longer_than_its_per
         };
         assert!(killed.elapsed() >= Duration::from_millis(2500));
         p.completes_once(&id, 1, Duration::from_secs(5)).await;
+    }
+}
+
+/// A batch of `n` jobs on the failpoint queue, with ids the client chose: the ids and the
+/// request body.
+fn batch_of(n: usize) -> (Vec<String>, Value) {
+    let ids: Vec<String> = (0..n).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+    let jobs: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"id": id, "type": "t.batch", "args": [], "options": {"queue": "fp"}}))
+        .collect();
+    (ids, json!({"jobs": jobs}))
+}
+
+/// Fetches and ACKs, through the healthy gateway, every job that comes within `within`,
+/// until no job came for `quiet`: the ids handed out, in order, repeats included.
+async fn drain(p: &Pair, within: Duration, quiet: Duration) -> Vec<String> {
+    let mut done = Vec::new();
+    let until = Instant::now() + within;
+    let mut last = Instant::now();
+    while Instant::now() < until && last.elapsed() < quiet {
+        let r = p
+            .healthy
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["fp"], "count": 500, "wait_ms": 200, "worker_id": "w2"}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        for id in common::job_ids(&r.body["jobs"]) {
+            let r = p
+                .healthy
+                .ack(json!({"job_id": id, "worker_id": "w2"}))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            done.push(id.to_owned());
+            last = Instant::now();
+        }
+    }
+    done
+}
+
+/// Every id of `ids` reads 404 (removed, or never created) within a few seconds.
+async fn all_gone(app: &TestApp, ids: &[String]) {
+    use futures::StreamExt;
+    futures::stream::iter(ids)
+        .for_each_concurrent(32, |id| async move {
+            common::eventually(Duration::from_secs(10), "the job removed", || async {
+                let r = app.get(&format!("/ojs/v1/jobs/{id}")).await;
+                (r.status == 404).then_some(())
+            })
+            .await;
+        })
+        .await;
+}
+
+fn sorted(mut ids: Vec<String>) -> Vec<String> {
+    ids.sort();
+    ids
+}
+
+/// A batch PUSH of 1,000 died with its records created, before its commit: nothing was
+/// accepted and no job of it is handed out. The client's retry of the same batch through
+/// the other gateway takes the records over and every job runs once; the dead batch's
+/// timer then removes nothing of the retry's.
+#[tokio::test]
+async fn a_batch_killed_before_its_commit_is_taken_over_by_the_clients_retry() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("batch.created", Leader::Healthy).await;
+        let (ids, body) = batch_of(1000);
+        p.dies_on("/ojs/v1/jobs/batch", body.clone()).await;
+        assert_eq!(p.healthy.job(&ids[0]).await["state"], "available");
+        assert!(
+            drain(&p, Duration::from_millis(500), Duration::from_millis(500))
+                .await
+                .is_empty()
+        );
+        let r = p.healthy.post("/ojs/v1/jobs/batch", body).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let done = drain(&p, Duration::from_secs(20), Duration::from_millis(500)).await;
+        assert_eq!(sorted(done), sorted(ids.clone()), "each job once");
+        tokio::time::sleep(Duration::from_millis(HOLD_MS + 1000)).await;
+        assert_eq!(p.healthy.job(&ids[999]).await["state"], "completed");
+        p.nothing_more().await;
+    }
+}
+
+/// The same death without a retry: once the grace passed, the leader removes the batch's
+/// records; none of its jobs ever ran.
+#[tokio::test]
+async fn a_batch_killed_before_its_commit_is_removed_by_the_leader() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("batch.created", Leader::Healthy).await;
+        let (ids, body) = batch_of(1000);
+        p.dies_on("/ojs/v1/jobs/batch", body).await;
+        common::eventually(
+            Duration::from_millis(HOLD_MS + 5000),
+            "the batch removed",
+            || async {
+                let r = p.healthy.get(&format!("/ojs/v1/jobs/{}", ids[0])).await;
+                (r.status == 404).then_some(())
+            },
+        )
+        .await;
+        all_gone(&p.healthy, &ids).await;
+        p.nothing_more().await;
+    }
+}
+
+/// A batch PUSH of 1,000 died after its commit, before publishing its messages: once the
+/// grace passed, the leader publishes them and every job runs once.
+#[tokio::test]
+async fn a_batch_killed_after_its_commit_runs_every_job_once() {
+    for _ in 0..runs() {
+        let mut p = Pair::start("batch.committed", Leader::Healthy).await;
+        let (ids, body) = batch_of(1000);
+        p.dies_on("/ojs/v1/jobs/batch", body).await;
+        let done = drain(
+            &p,
+            Duration::from_millis(HOLD_MS + 20_000),
+            Duration::from_millis(HOLD_MS + 1000),
+        )
+        .await;
+        assert_eq!(sorted(done), sorted(ids), "each job once");
+    }
+}
+
+/// A gateway killed with SIGKILL while it creates the records of a batch of 10,000, at
+/// whatever point that is: the batch is all or none — every job runs once, or none is
+/// handed out and every record is removed.
+#[tokio::test]
+async fn a_batch_killed_mid_create_is_all_or_none() {
+    for _ in 0..runs() {
+        let mut p = Pair::unarmed(Leader::Healthy).await;
+        let (ids, body) = batch_of(10_000);
+        let push = reqwest::Client::new()
+            .post(p.armed.client().url("/ojs/v1/jobs/batch"))
+            .header("content-type", "application/openjobspec+json")
+            .body(body.to_string())
+            .send();
+        let push = tokio::spawn(push);
+        // Kill once the first records exist (a look at one job every few ms).
+        let probe = ids[ids.len() / 2].clone();
+        common::eventually(Duration::from_secs(20), "the batch's records", || async {
+            let r = p.healthy.get(&format!("/ojs/v1/jobs/{probe}")).await;
+            (r.status == 200).then_some(())
+        })
+        .await;
+        p.armed.kill();
+        let answered = matches!(push.await, Ok(Ok(r)) if r.status() == 201);
+        let done = drain(
+            &p,
+            Duration::from_millis(HOLD_MS + 30_000),
+            Duration::from_millis(HOLD_MS + 1500),
+        )
+        .await;
+        eprintln!(
+            "killed mid-batch: {} of {} jobs ran (answered 201: {answered})",
+            done.len(),
+            ids.len()
+        );
+        if done.is_empty() {
+            assert!(!answered, "an accepted batch never ran");
+            all_gone(&p.healthy, &ids).await;
+        } else {
+            assert_eq!(sorted(done), sorted(ids), "all or none, each once");
+        }
     }
 }
 

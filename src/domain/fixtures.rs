@@ -29,5 +29,6 @@ pub fn record(options: Value) -> JobRecord {
         trail: Vec::new(),
         slot: None,
         from: None,
+        batch: None,
     }
 }

@@ -204,6 +204,10 @@ pub struct JobRecord {
     /// statistics count it from (`domain/stats.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<JobState>,
+    /// The batch PUSH that created it, whose mark says whether it counts
+    /// (`domain/batch.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
 }
 
 impl JobRecord {
@@ -217,6 +221,7 @@ impl JobRecord {
             trail: Vec::new(),
             slot,
             from: None,
+            batch: None,
             job,
         }
     }

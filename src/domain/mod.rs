@@ -1,7 +1,8 @@
 //! Pure OJS: the envelope, its validation, the state machine, retry math, events,
-//! retention, queue statistics and bulk requests.
+//! retention, queue statistics, batches and bulk requests.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
+pub mod batch;
 pub mod bulk;
 pub mod claim;
 pub mod cron;

@@ -1,5 +1,5 @@
-//! PUSH (core §7.1): one job or a batch, all or none. Messages first, then the records
-//! (docs/architecture.md §4.1).
+//! PUSH (core §7.1): one job or a batch, all or none, also across a crash
+//! (docs/architecture.md §4 PUSH).
 
 use std::collections::BTreeSet;
 
@@ -7,7 +7,10 @@ use async_nats::jetstream::kv;
 use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
+use uuid::Uuid;
 
+use super::batches::AT_ONCE;
+use super::cas::Replica;
 use super::error::{all_stored, lost_race, nats_failed};
 use super::timers::Timer;
 use super::Store;
@@ -18,9 +21,8 @@ use crate::domain::lifecycle;
 use crate::domain::state::JobState;
 
 impl Store {
-    /// PUSH one or more jobs, all or none (core §7.1). Messages first, then the records: a
-    /// message without a record is dropped by FETCH, so no accepted job can be left
-    /// without a message.
+    /// PUSH one or more jobs, all or none (core §7.1): no accepted job is ever left
+    /// without its message, no job of a refused PUSH is ever handed out.
     ///
     /// # Errors
     /// 409 `duplicate` when an id exists or a unique key is held (nothing of the batch
@@ -46,12 +48,7 @@ impl Store {
         match self.create_jobs(records, async { Ok(()) }).await {
             Ok(jobs) => Ok(Enqueued::Created(jobs)),
             Err(err) => {
-                let kept: Vec<String> = err
-                    .details
-                    .get("kept_job_ids")
-                    .and_then(|v| serde_json::from_value(v.clone()).ok())
-                    .unwrap_or_default();
-                self.release_taken(&taken, &kept).await;
+                self.release_taken(&taken).await;
                 Err(err)
             }
         }
@@ -60,12 +57,20 @@ impl Store {
     /// PUSH of records made ready (the jobs of a workflow carry their place in it). `first`
     /// runs once every check has passed, before anything is written (a workflow's own
     /// records), so a refused job leaves nothing behind.
+    ///
+    /// One job: its message first, then its record (the commit point). A batch: its
+    /// records under an open batch mark, the commit of the mark, then the messages, so a
+    /// batch cut short by a crash is undone or finished whole (architecture §4 PUSH).
     pub(super) async fn create_jobs(
         &self,
-        records: Vec<JobRecord>,
+        mut records: Vec<JobRecord>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
     ) -> Result<Vec<Job>, OjsError> {
         let now = Utc::now();
+        let batch = (records.len() > 1).then(|| Uuid::now_v7().to_string());
+        for rec in &mut records {
+            rec.batch.clone_from(&batch);
+        }
         let mut encoded = Vec::with_capacity(records.len());
         let max_job = self.max_job_bytes();
         for (index, rec) in records.iter().enumerate() {
@@ -91,13 +96,7 @@ impl Store {
             .iter()
             .map(|rec| {
                 let promote = rec.dispatch == 0 && lifecycle::due_at(rec).is_some();
-                let expire = rec
-                    .job
-                    .expires_at
-                    .as_deref()
-                    .and_then(crate::domain::time::parse)
-                    .is_some();
-                u64::from(promote) + u64::from(expire)
+                u64::from(promote) + u64::from(expires_at(rec).is_some())
             })
             .sum();
         self.admit_timers(timers).await?;
@@ -107,89 +106,41 @@ impl Store {
         }
         self.ensure_rate_limits(&records, now).await?;
 
-        // A claim that gets one of these messages before its record exists waits for this
-        // PUSH instead of re-reading (architecture §3.12); withdrawn however the PUSH ends.
-        let _expected = self.inner.recent.expect(
-            records
-                .iter()
-                .filter(|r| r.dispatch > 0)
-                .map(|r| r.job.id.clone())
-                .collect(),
-        );
-        // Queue messages for available jobs, timers for scheduled ones and for expiry: all
-        // stored before any record exists.
-        let mut acks = Vec::new();
-        for rec in &records {
-            if rec.dispatch > 0 {
-                acks.push(self.send_dispatch(rec).await?);
-            } else if let Some(at) = lifecycle::due_at(rec) {
-                acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
+        let revisions = match &batch {
+            None => {
+                // A claim that gets this message before its record exists waits for this
+                // PUSH instead of re-reading (architecture §3.12); withdrawn however the
+                // PUSH ends.
+                let _expected = self.inner.recent.expect(
+                    records
+                        .iter()
+                        .filter(|r| r.dispatch > 0)
+                        .map(|r| r.job.id.clone())
+                        .collect(),
+                );
+                self.publish_jobs(&records).await?;
+                self.failpoint("enqueue.published").await;
+                self.create_records(&records, &encoded, None).await?
             }
-            if let Some(at) = rec
-                .job
-                .expires_at
-                .as_deref()
-                .and_then(crate::domain::time::parse)
-            {
-                acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
-            }
-        }
-        all_stored(acks, "publishing a job to its queue").await?;
-        self.failpoint("enqueue.published").await;
-
-        let creates = records
-            .iter()
-            .zip(&encoded)
-            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.clone()));
-        let mut results: Vec<Result<Created, kv::CreateError>> = join_all(creates)
-            .await
-            .into_iter()
-            .map(|r| r.map(Created::At))
-            .collect();
-        for ((rec, bytes), result) in records.iter().zip(&encoded).zip(&mut results) {
-            if let Err(err) = result {
-                if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
-                    if let Some(created) = self.created_anyway(rec, bytes).await {
-                        *result = Ok(created);
-                    }
+            Some(id) => {
+                let open = self.open_batch(id, &records).await?;
+                let revisions = self.create_records(&records, &encoded, Some(id)).await?;
+                self.failpoint("batch.created").await;
+                if let Err(err) = self.commit_batch(&open).await {
+                    self.roll_back(records.iter().zip(revisions.iter().copied()))
+                        .await;
+                    return Err(err);
                 }
+                self.failpoint("batch.committed").await;
+                self.publish_jobs(&records).await?;
+                self.close_batch(id).await;
+                revisions
             }
-        }
-        if let Some((index, err)) = results
-            .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
-        {
-            let error = if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
-                let id = &records[index].job.id;
-                OjsError::new(
-                    ErrorCode::Duplicate,
-                    format!("A job with id '{id}' already exists."),
-                )
-                .with_detail("job_id", id.as_str())
-                .with_detail("index", index)
-            } else {
-                nats_failed("creating a job record", err.to_string())
-            };
-            self.failpoint("enqueue.rolling_back").await;
-            let kept = self.roll_back(&records, &results).await;
-            if !kept.is_empty() {
-                // The client must not believe nothing was written.
-                return Err(OjsError::backend(format!(
-                    "The batch was refused ({}), but {} of its jobs could not be removed again \
-                     and will run: {}",
-                    error.message,
-                    kept.len(),
-                    kept.join(", ")
-                ))
-                .with_detail("kept_job_ids", kept));
-            }
-            return Err(error);
-        }
+        };
         // Only the batch's last jobs can stay remembered; cloning the others would be wasted.
         let forgotten = records.len().saturating_sub(self.inner.recent.capacity());
-        for (rec, result) in records.iter().zip(&results).skip(forgotten) {
-            if let (JobState::Available, Ok(Created::At(revision))) = (rec.job.state, result) {
+        for (rec, revision) in records.iter().zip(&revisions).skip(forgotten) {
+            if let (JobState::Available, Some(revision)) = (rec.job.state, revision) {
                 self.inner
                     .recent
                     .remember(&rec.job.id, rec.clone(), *revision);
@@ -198,71 +149,159 @@ impl Store {
         Ok(records.into_iter().map(|r| r.job).collect())
     }
 
+    /// Publishes what makes each job fetchable or due: the queue message of an available
+    /// job, the promote timer of a waiting one, the expire timer of one with `expires_at`;
+    /// all acknowledged.
+    pub(super) async fn publish_jobs(&self, records: &[JobRecord]) -> Result<(), OjsError> {
+        let mut acks = Vec::new();
+        for rec in records {
+            if rec.dispatch > 0 {
+                acks.push(self.send_dispatch(rec).await?);
+            } else if let Some(at) = lifecycle::due_at(rec) {
+                acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
+            }
+            if let Some(at) = expires_at(rec) {
+                acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
+            }
+        }
+        all_stored(acks, "publishing a job to its queue").await
+    }
+
+    /// Creates every record, concurrently: the revision each create wrote (`None` for a
+    /// record a worker already changed, see `created_anyway`). A batch's create that finds
+    /// a record left over from another batch that never committed takes its id over. If
+    /// any create fails, the batch is aborted and what was created removed again.
+    async fn create_records(
+        &self,
+        records: &[JobRecord],
+        encoded: &[bytes::Bytes],
+        batch: Option<&str>,
+    ) -> Result<Vec<Option<u64>>, OjsError> {
+        let creates = records
+            .iter()
+            .zip(encoded)
+            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.clone()));
+        let mut results: Vec<Creation> = join_all(creates)
+            .await
+            .into_iter()
+            .map(|r| r.map(Some))
+            .collect();
+        let taken: Vec<usize> = (0..results.len())
+            .filter(|&i| {
+                matches!(&results[i], Err(err) if lost_race(err, kv::CreateErrorKind::AlreadyExists))
+            })
+            .collect();
+        for some in taken.chunks(AT_ONCE) {
+            let again = some
+                .iter()
+                .map(|&i| self.create_again(&records[i], &encoded[i], batch.is_some()));
+            for (&i, outcome) in some.iter().zip(join_all(again).await) {
+                if let Some(creation) = outcome? {
+                    results[i] = creation;
+                }
+            }
+        }
+        let Some((index, err)) = results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+        else {
+            return Ok(results.into_iter().map(|r| r.ok().flatten()).collect());
+        };
+        let error = if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
+            let id = &records[index].job.id;
+            OjsError::new(
+                ErrorCode::Duplicate,
+                format!("A job with id '{id}' already exists."),
+            )
+            .with_detail("job_id", id.as_str())
+            .with_detail("index", index)
+        } else {
+            nats_failed("creating a job record", err.to_string())
+        };
+        if let Some(id) = batch {
+            if let Err(err) = self.abort_batch(id).await {
+                warn!(batch_id = id, error = %err, "could not abort a refused batch; its timer will");
+            }
+            self.failpoint("enqueue.rolling_back").await;
+            self.roll_back(
+                records
+                    .iter()
+                    .zip(results.iter().map(|r| r.as_ref().ok().copied().flatten())),
+            )
+            .await;
+        }
+        Err(error)
+    }
+
+    /// A create that found its key taken, looked at again: its own write after all
+    /// (`created_anyway`), or — for a batch's job — a record left over from another batch
+    /// that never committed, taken over and created again (`take_over`). `None`: taken.
+    async fn create_again(
+        &self,
+        rec: &JobRecord,
+        bytes: &bytes::Bytes,
+        in_batch: bool,
+    ) -> Result<Option<Creation>, OjsError> {
+        if let Some(created) = self.created_anyway(rec, bytes).await {
+            return Ok(Some(Ok(created)));
+        }
+        if !in_batch {
+            return Ok(None);
+        }
+        let free = match self.read(&rec.job.id, Replica::Leader).await? {
+            Some((found, revision)) => self.take_over(&found, revision).await?,
+            // Removed meanwhile.
+            None => true,
+        };
+        if !free {
+            return Ok(None);
+        }
+        let created = self.inner.jobs.create(&rec.job.id, bytes.clone()).await;
+        Ok(Some(created.map(Some)))
+    }
+
     /// Whether a create that found its key taken was taken by this very create: its first
     /// answer was lost (a stream leader change under a write that landed) and async-nats,
-    /// reading the key before giving up, found the record — untouched, or already claimed
-    /// through the queue message published before it. A job of another PUSH differs in its
-    /// creation time.
-    async fn created_anyway(&self, rec: &JobRecord, bytes: &bytes::Bytes) -> Option<Created> {
+    /// reading the key before giving up, found the record — untouched (its revision), or
+    /// already claimed through the queue message published before it (`None`). A job of
+    /// another PUSH differs in its creation time.
+    async fn created_anyway(&self, rec: &JobRecord, bytes: &bytes::Bytes) -> Option<Option<u64>> {
         let entry = self.inner.jobs.entry(&rec.job.id).await.ok()??;
         if entry.operation != kv::Operation::Put {
             return None;
         }
         if entry.value == bytes {
-            return Some(Created::At(entry.revision));
+            return Some(Some(entry.revision));
         }
         let stored: JobRecord = serde_json::from_slice(&entry.value).ok()?;
         (stored.job.created_at.timestamp_millis() == rec.job.created_at.timestamp_millis())
-            .then_some(Created::Changed)
+            .then_some(None)
     }
 
-    /// Removes the records a failed batch did create, each only at the revision its create
-    /// wrote: a record that moved on was claimed by a worker, so that job stays and runs.
-    /// Their queue messages become orphans that FETCH drops. Returns the ids of the jobs
-    /// that stay.
-    async fn roll_back(
-        &self,
-        records: &[JobRecord],
-        results: &[Result<Created, kv::CreateError>],
-    ) -> Vec<String> {
-        let mut kept = Vec::new();
-        for (rec, result) in records.iter().zip(results) {
-            let id = &rec.job.id;
-            let revision = match result {
-                Ok(Created::At(revision)) => revision,
-                Ok(Created::Changed) => {
-                    kept.push(id.clone());
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            let mut removed = false;
-            for _ in 0..3 {
-                let err = match self.remove_record(rec, *revision).await {
-                    Ok(()) => {
-                        removed = true;
-                        break;
-                    }
-                    Err(err) => err,
-                };
-                warn!(job_id = %id, error = %err, "could not roll back a job of a refused batch");
-                match self.inner.jobs.entry(id).await {
-                    // An earlier try removed it; only its answer was lost.
-                    Ok(Some(entry)) if entry.operation != kv::Operation::Put => {
-                        removed = true;
-                        break;
-                    }
-                    // Written since the create: a worker claimed the job, it stays.
-                    Ok(Some(entry)) if entry.revision != *revision => break,
-                    _ => {}
-                }
-            }
-            if !removed {
-                kept.push(id.clone());
-            }
+    /// Removes the records a refused batch created, each at the revision its create wrote.
+    /// No worker can have had them (the batch published no message); one not removed is
+    /// removed by the batch's timer.
+    async fn roll_back<'a>(&self, created: impl Iterator<Item = (&'a JobRecord, Option<u64>)>) {
+        let created: Vec<(&JobRecord, u64)> = created
+            .filter_map(|(rec, revision)| Some((rec, revision?)))
+            .collect();
+        if let Err(err) = self.remove_untouched(&created).await {
+            warn!(error = %err, "could not roll back a refused batch; its timer will");
         }
-        kept
     }
+}
+
+/// A record's create: the revision it wrote (`None`: already changed by a worker, see
+/// `created_anyway`), or why it failed.
+type Creation = Result<Option<u64>, kv::CreateError>;
+
+/// When a job's `expires_at` passes.
+fn expires_at(rec: &JobRecord) -> Option<chrono::DateTime<Utc>> {
+    rec.job
+        .expires_at
+        .as_deref()
+        .and_then(crate::domain::time::parse)
 }
 
 /// What a PUSH came to.
@@ -272,11 +311,4 @@ pub enum Enqueued {
     Created(Vec<Job>),
     /// A unique job under `ignore` met the job holding its key: that job, nothing written.
     Existing(Box<Job>),
-}
-
-/// A record this PUSH created: still at the revision its create wrote, or already changed
-/// (claimed) when a lost answer made the create look refused (`created_anyway`).
-enum Created {
-    At(u64),
-    Changed,
 }

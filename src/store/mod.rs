@@ -1,6 +1,7 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
 //! handle shared by the HTTP handlers and the coordinator.
 
+mod batches;
 mod bulk;
 mod cas;
 mod cron;
@@ -93,6 +94,8 @@ struct Inner {
     stats: kv::Store,
     /// Unique-job locks (`unique.rs`).
     unique: kv::Store,
+    /// Marks of batch PUSHes under way (`batches.rs`).
+    batches: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
     queues: QueueRegistry,
@@ -116,6 +119,8 @@ struct Inner {
     heartbeat_timeout: Duration,
     /// How long a workflow's creation or cancel may take (`workflow_grace_ms`).
     workflow_grace: Duration,
+    /// How long a batch PUSH may take (`batch_grace_ms`).
+    batch_grace: Duration,
     /// Longest wait for one NATS answer (`nats_timeout_ms`).
     nats_timeout: Duration,
     /// Largest job record this store will write.
@@ -202,6 +207,15 @@ impl Store {
             ensure_bucket(&js, &topology, &topology.stats_bucket(), 1, Duration::ZERO).await?;
         let unique =
             ensure_bucket(&js, &topology, &topology.unique_bucket(), 1, Duration::ZERO).await?;
+        // A mark outlives its batch's timer only when no leader ran for a day.
+        let batches = ensure_bucket(
+            &js,
+            &topology,
+            &topology.batches_bucket(),
+            1,
+            Duration::from_secs(24 * 3600),
+        )
+        .await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
         let handled =
             handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
@@ -251,6 +265,7 @@ impl Store {
                 workflows,
                 stats,
                 unique,
+                batches,
                 cron,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),
@@ -264,6 +279,7 @@ impl Store {
                 finished_jobs_max_age: cfg.finished_jobs_max_age(),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
                 workflow_grace: Duration::from_millis(cfg.workflow_grace_ms),
+                batch_grace: Duration::from_millis(cfg.batch_grace_ms),
                 nats_timeout: Duration::from_millis(cfg.nats_timeout_ms),
                 // A job of `max_job_bytes` plus the room it may grow by, within what the
                 // NATS server accepts in one message (less its own headers).
@@ -352,6 +368,7 @@ impl Store {
             format!("KV_{}", t.workflows_bucket()),
             format!("KV_{}", t.stats_bucket()),
             format!("KV_{}", t.unique_bucket()),
+            format!("KV_{}", t.batches_bucket()),
             format!("KV_{}", t.coordinator_bucket()),
             t.events_stream(),
             t.timers_stream(),

@@ -43,6 +43,8 @@ pub enum TimerKind {
     Expire,
     /// A workflow's creation or cancel should have finished; `id` is the workflow id.
     Workflow,
+    /// A batch PUSH should have finished; `id` is the batch id, `jobs` its job ids.
+    Batch,
 }
 
 /// A due time for one dispatch (and attempt) of one job, or for one worker.
@@ -59,6 +61,9 @@ pub struct Timer {
     pub attempt: u32,
     #[serde(with = "time::millis")]
     pub due: DateTime<Utc>,
+    /// The jobs of a batch (`Batch` timers only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<String>,
 }
 
 impl Timer {
@@ -70,6 +75,19 @@ impl Timer {
             dispatch: rec.dispatch,
             attempt: rec.job.attempt,
             due,
+            jobs: Vec::new(),
+        }
+    }
+
+    /// A timer of a worker, workflow or batch (`id`), not of a job's dispatch.
+    pub fn named(kind: TimerKind, id: &str, due: DateTime<Utc>) -> Timer {
+        Timer {
+            id: id.to_owned(),
+            kind,
+            dispatch: 0,
+            attempt: 0,
+            due,
+            jobs: Vec::new(),
         }
     }
 
@@ -241,6 +259,7 @@ impl Store {
             TimerKind::Deadline => self.fire_deadline(timer).await,
             TimerKind::Worker => self.worker_expired(&timer.id).await,
             TimerKind::Workflow => self.workflow_timer_fired(&timer.id).await,
+            TimerKind::Batch => self.batch_timer_fired(timer).await,
             TimerKind::Expire => self
                 .transition_from(&timer.id, ahead, |rec, now| Ok(lifecycle::expire(rec, now)))
                 .await

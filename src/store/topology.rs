@@ -64,6 +64,10 @@ impl Topology {
         format!("{}-unique", self.namespace)
     }
 
+    pub fn batches_bucket(&self) -> String {
+        format!("{}-batches", self.namespace)
+    }
+
     pub fn leases_bucket(&self) -> String {
         format!("{}-leases", self.namespace)
     }

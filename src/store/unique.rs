@@ -80,7 +80,7 @@ impl Store {
                 Ok(Locked::Taken(t)) => taken.push(t),
                 Ok(Locked::Existing(job)) => return Ok(Err(job)),
                 Err(err) => {
-                    self.release_taken(&taken, &[]).await;
+                    self.release_taken(&taken).await;
                     return Err(err);
                 }
             }
@@ -212,11 +212,8 @@ impl Store {
 
     /// Gives back the locks a refused PUSH wrote (each only while it still names its
     /// job), but those of `kept` jobs, which run.
-    pub(super) async fn release_taken(&self, taken: &[Taken], kept: &[String]) {
-        for t in taken
-            .iter()
-            .filter(|t| t.fresh && !kept.contains(&t.job_id))
-        {
+    pub(super) async fn release_taken(&self, taken: &[Taken]) {
+        for t in taken.iter().filter(|t| t.fresh) {
             self.release_lock(&t.key, &t.job_id).await;
         }
     }

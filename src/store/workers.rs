@@ -121,13 +121,7 @@ impl Store {
         let record = self.record_beat(beat).await?;
         reply.state = directive.max(record.directive);
         let due = time::add(Utc::now(), self.inner.heartbeat_timeout);
-        let timer = Timer {
-            id: beat.worker_id.clone(),
-            kind: TimerKind::Worker,
-            dispatch: 0,
-            attempt: 0,
-            due,
-        };
+        let timer = Timer::named(TimerKind::Worker, &beat.worker_id, due);
         self.send_timer(&timer)
             .await?
             .await

@@ -429,13 +429,11 @@ impl Store {
 impl Store {
     /// The timer that checks a workflow's creation or cancel once it should be done.
     fn workflow_timer(&self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
-        Timer {
-            id: id.to_owned(),
-            kind: TimerKind::Workflow,
-            dispatch: 0,
-            attempt: 0,
-            due: time::add(now, self.inner.workflow_grace),
-        }
+        Timer::named(
+            TimerKind::Workflow,
+            id,
+            time::add(now, self.inner.workflow_grace),
+        )
     }
 }
 

@@ -1,0 +1,210 @@
+//! The mark of a batch PUSH (architecture §4 PUSH): opened before its records, committed
+//! before its messages, deleted once they are stored; and the leader's repair when the
+//! batch's timer finds the mark still there. Decisions in `domain/batch.rs`.
+
+use async_nats::jetstream::kv;
+use chrono::Utc;
+use futures::future::join_all;
+use tracing::warn;
+
+use super::cas::{self, Cas, Replica};
+use super::error::backend;
+use super::timers::{Timer, TimerKind};
+use super::Store;
+use crate::domain::batch::{self, Mark, Repair};
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::JobRecord;
+use crate::domain::time;
+
+/// Records read or removed at once when a batch is repaired or rolled back.
+pub(super) const AT_ONCE: usize = 64;
+
+/// A batch whose mark this PUSH opened, at the revision it wrote.
+pub(super) struct OpenBatch {
+    pub(super) id: String,
+    revision: u64,
+}
+
+fn mark_bytes(mark: Mark) -> bytes::Bytes {
+    serde_json::to_vec(&mark).expect("marks serialize").into()
+}
+
+impl Store {
+    /// Stores the timer of batch `id` (due `batch_grace_ms` from now), then opens its
+    /// mark: a crash from here on is finished or undone by the timer.
+    pub(super) async fn open_batch(
+        &self,
+        id: &str,
+        records: &[JobRecord],
+    ) -> Result<OpenBatch, OjsError> {
+        let timer = Timer {
+            jobs: records.iter().map(|r| r.job.id.clone()).collect(),
+            ..Timer::named(
+                TimerKind::Batch,
+                id,
+                time::add(Utc::now(), self.inner.batch_grace),
+            )
+        };
+        self.send_timer(&timer)
+            .await?
+            .await
+            .map_err(backend("publishing a batch timer"))?;
+        let doing = "opening a batch";
+        match cas::write(&self.inner.batches, id, mark_bytes(Mark::Open), 0, doing).await? {
+            Cas::Written(revision) => Ok(OpenBatch {
+                id: id.to_owned(),
+                revision,
+            }),
+            Cas::Refused(_) => Err(OjsError::backend("A new batch id was taken.")),
+        }
+    }
+
+    /// Commits the batch: from here its jobs count. Refused when its timer or a retry of
+    /// the batch aborted it first.
+    pub(super) async fn commit_batch(&self, open: &OpenBatch) -> Result<(), OjsError> {
+        let kv = &self.inner.batches;
+        let doing = "committing a batch";
+        if let Cas::Written(_) = cas::write(
+            kv,
+            &open.id,
+            mark_bytes(Mark::Committed),
+            open.revision,
+            doing,
+        )
+        .await?
+        {
+            return Ok(());
+        }
+        // Refused: aborted, or this very write still in flight (a stream leader change).
+        let now = cas::change(kv, &open.id, "batch", &open.id, |mark: Option<&Mark>| {
+            (mark == Some(&Mark::Open)).then_some(Mark::Committed)
+        })
+        .await?;
+        match now.value {
+            Some(Mark::Committed) => Ok(()),
+            _ => Err(OjsError::new(
+                ErrorCode::BackendUnavailable,
+                format!(
+                    "The batch took longer than {} ms and was undone; retry it.",
+                    self.inner.batch_grace.as_millis()
+                ),
+            )),
+        }
+    }
+
+    /// Aborts batch `id` unless it committed: its mark as it is afterwards.
+    pub(super) async fn abort_batch(&self, id: &str) -> Result<Option<Mark>, OjsError> {
+        let now = cas::change(
+            &self.inner.batches,
+            id,
+            "batch",
+            id,
+            |mark: Option<&Mark>| (mark == Some(&Mark::Open)).then_some(Mark::Aborted),
+        )
+        .await?;
+        Ok(now.value)
+    }
+
+    /// The mark of batch `id`, read at the stream leader.
+    pub(super) async fn batch_mark(&self, id: &str) -> Result<Option<Mark>, OjsError> {
+        Ok(
+            cas::read::<Mark>(&self.inner.batches, id, Replica::Leader, "batch mark")
+                .await?
+                .value,
+        )
+    }
+
+    /// Deletes a finished batch's mark; one left behind is deleted by the batch's timer.
+    pub(super) async fn close_batch(&self, id: &str) {
+        if let Err(err) = self.inner.batches.delete(id).await {
+            warn!(batch_id = id, error = %err, "could not delete a batch mark");
+        }
+    }
+
+    /// Leader: a batch's grace has passed. A mark still there means its PUSH did not
+    /// finish: an open batch is aborted and its records removed, a committed one gets the
+    /// messages and timers its jobs still lack.
+    ///
+    /// # Errors
+    /// When NATS fails; every step is repeatable, so the timer fires again.
+    pub(super) async fn batch_timer_fired(&self, timer: &Timer) -> Result<(), OjsError> {
+        let id = &timer.id;
+        let mut repair = batch::repair(self.batch_mark(id).await?);
+        if repair == Repair::Abort {
+            repair = batch::repair(self.abort_batch(id).await?);
+        }
+        if repair == Repair::Nothing {
+            return Ok(());
+        }
+        warn!(batch_id = %id, repair = ?repair, jobs = timer.jobs.len(), "a batch PUSH was cut short; repairing it");
+        let mut untouched = Vec::new();
+        for jobs in timer.jobs.chunks(AT_ONCE) {
+            for read in join_all(jobs.iter().map(|job| self.read(job, Replica::Leader))).await {
+                if let Some((rec, revision)) = read? {
+                    if batch::untouched(&rec, id) {
+                        untouched.push((rec, revision));
+                    }
+                }
+            }
+        }
+        if repair == Repair::Publish {
+            let records: Vec<JobRecord> = untouched.into_iter().map(|(rec, _)| rec).collect();
+            self.publish_jobs(&records).await?;
+        } else {
+            let records: Vec<(&JobRecord, u64)> = untouched
+                .iter()
+                .map(|(rec, revision)| (rec, *revision))
+                .collect();
+            self.remove_untouched(&records).await?;
+        }
+        self.inner
+            .batches
+            .delete(id)
+            .await
+            .map_err(backend("deleting a batch mark"))?;
+        Ok(())
+    }
+
+    /// Removes records of an aborted batch, each at the revision it was read at: one
+    /// written since (a client's cancel) stays.
+    pub(super) async fn remove_untouched(
+        &self,
+        records: &[(&JobRecord, u64)],
+    ) -> Result<(), OjsError> {
+        for some in records.chunks(AT_ONCE) {
+            let removals = some
+                .iter()
+                .map(|(rec, revision)| self.remove_record(rec, *revision));
+            for removed in join_all(removals).await {
+                if let Err(err) = removed {
+                    if err.kind() != kv::UpdateErrorKind::WrongLastRevision {
+                        return Err(super::error::nats_failed("removing a job of a batch", err));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A create of batch member `rec` found `found` (at `revision`) in its place: when
+    /// that record is left over from another batch that never committed, aborts that
+    /// batch, removes the record and says so, so the create can be made again.
+    pub(super) async fn take_over(
+        &self,
+        found: &JobRecord,
+        revision: u64,
+    ) -> Result<bool, OjsError> {
+        let Some(other) = found.batch.as_deref() else {
+            return Ok(false);
+        };
+        let mut mark = self.batch_mark(other).await?;
+        if mark == Some(Mark::Open) {
+            mark = self.abort_batch(other).await?;
+        }
+        if !batch::left_over(found, mark) {
+            return Ok(false);
+        }
+        self.remove_untouched(&[(found, revision)]).await?;
+        Ok(true)
+    }
+}

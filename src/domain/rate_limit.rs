@@ -1,6 +1,8 @@
 //! Queue rate limits (rate-limiting spec §5.2–§5.3, §7.2): at most `limit` job starts of a
-//! queue in any window of `window`, across every replica (docs/architecture.md §3.19).
-//! Pure: reading a job's `rate_limit` option into the queue's limit.
+//! queue in each window of `window`, windows aligned to the Unix epoch, across every
+//! replica (docs/architecture.md §3.19) — so the long-run rate is the limit, and no span of
+//! one window's length holds more than twice the limit (one burst). Pure: reading a job's
+//! `rate_limit` option into the queue's limit, and which window a start falls in.
 
 use std::time::Duration;
 
@@ -12,12 +14,14 @@ use super::error::{ErrorCode, OjsError};
 
 /// Most starts one window may allow (a window's starts are messages NATS keeps).
 pub const MAX_LIMIT: u64 = 100_000;
-/// Shortest window: NATS expires a start after the window, and expiry is not finer.
+/// Shortest window (a window's starts are one NATS subject; each 10 ms a new one).
 pub const MIN_WINDOW: Duration = Duration::from_millis(10);
+/// The shortest time NATS keeps a window's starts: it refuses a `max_age` under 100 ms.
+const MIN_TOKEN_AGE: Duration = Duration::from_secs(1);
 /// Longest window.
 pub const MAX_WINDOW: Duration = Duration::from_secs(86_400);
 
-/// The limit of a queue: `limit` starts in any window of `window_ms`.
+/// The limit of a queue: `limit` starts in each window of `window_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateLimit {
     pub limit: u64,
@@ -111,9 +115,27 @@ impl RateLimit {
         Duration::from_millis(self.window_ms)
     }
 
-    /// How long a FETCH that met the limit waits before it looks again: the spacing of
-    /// starts, within 20 ms to 250 ms.
-    pub fn recheck(&self) -> Duration {
+    /// The window a start at `now_ms` (Unix milliseconds) falls in.
+    pub fn window_index(&self, now_ms: i64) -> i64 {
+        now_ms.div_euclid(self.window_ms as i64)
+    }
+
+    /// How long NATS keeps a window's starts: past the window they only count for the
+    /// window's own subject, nobody publishes there again, so keeping them two windows
+    /// is cleanup, never the limit.
+    pub fn token_max_age(&self) -> Duration {
+        (2 * self.window()).max(MIN_TOKEN_AGE)
+    }
+
+    /// How long a FETCH on this queue waits before it looks again: when it found the
+    /// window spent, until the next window begins (plus `jitter`, so the FETCHes that
+    /// waited do not all arrive at one instant); else the spacing of starts, within 20 ms
+    /// to 250 ms, to see jobs enqueued meanwhile.
+    pub fn recheck(&self, now_ms: i64, spent: bool, jitter: Duration) -> Duration {
+        if spent {
+            let next = (self.window_index(now_ms) + 1) * self.window_ms as i64;
+            return Duration::from_millis((next - now_ms) as u64) + jitter;
+        }
         Duration::from_millis(self.window_ms / self.limit)
             .clamp(Duration::from_millis(20), Duration::from_millis(250))
     }
@@ -178,8 +200,43 @@ mod tests {
         assert_eq!((rate.limit, rate.window_ms), (100, 60_000));
         let throttle = parse(json!({"throttle": {"limit": 10, "period": "PT1S"}})).unwrap();
         assert_eq!((throttle.limit, throttle.window_ms), (1, 100));
-        assert_eq!(throttle.recheck(), Duration::from_millis(100));
-        assert_eq!(per_second.recheck(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn starts_fall_in_windows_aligned_to_the_epoch() {
+        let per_second = parse(json!({"max_per_second": 5})).unwrap();
+        assert_eq!(per_second.window_index(0), 0);
+        assert_eq!(per_second.window_index(999), 0);
+        assert_eq!(per_second.window_index(1000), 1);
+        assert_eq!(per_second.window_index(1_764_000_123_456), 1_764_000_123);
+        // NATS keeps starts for two windows, never under a second.
+        assert_eq!(per_second.token_max_age(), Duration::from_secs(2));
+        let fast = parse(json!({"throttle": {"limit": 100, "period": "PT1S"}})).unwrap();
+        assert_eq!(fast.token_max_age(), Duration::from_secs(1));
+        let daily = parse(json!({"rate": {"limit": 3, "period": "P1D"}})).unwrap();
+        assert_eq!(daily.token_max_age(), Duration::from_secs(2 * 86_400));
+    }
+
+    #[test]
+    fn a_spent_window_is_looked_at_again_when_the_next_begins() {
+        let per_second = parse(json!({"max_per_second": 5})).unwrap();
+        let jitter = Duration::from_millis(3);
+        assert_eq!(
+            per_second.recheck(10_250, true, jitter),
+            Duration::from_millis(753)
+        );
+        // Not spent: the spacing of starts, to see jobs enqueued meanwhile.
+        assert_eq!(
+            per_second.recheck(10_250, false, jitter),
+            Duration::from_millis(200)
+        );
+        let throttle = parse(json!({"throttle": {"limit": 10, "period": "PT1S"}})).unwrap();
+        assert_eq!(
+            throttle.recheck(0, false, jitter),
+            Duration::from_millis(100)
+        );
+        let daily = parse(json!({"rate": {"limit": 3, "period": "P1D"}})).unwrap();
+        assert_eq!(daily.recheck(0, false, jitter), Duration::from_millis(250));
     }
 
     #[test]

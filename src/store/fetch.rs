@@ -18,6 +18,7 @@ use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, Transition};
 use crate::domain::lifecycle::Delivery;
+use crate::domain::rate_limit::RateLimit;
 use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
 
@@ -143,9 +144,9 @@ impl Store {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused while this FETCH waited: the message goes back, first in line.
                 if got.jobs.len() < req.count && !self.inner.queues.is_paused(queue) {
-                    let limited = self.inner.queues.rate_limit(queue).is_some();
+                    let limit = self.inner.queues.rate_limit(queue);
                     let claim = self
-                        .claim(&msg, queue, *priority, req, deadline, limited)
+                        .claim(&msg, queue, *priority, req, deadline, limit)
                         .await;
                     record_claim(&msg, claim, &mut got).await;
                 } else {
@@ -191,9 +192,7 @@ impl Store {
                     return (lanes, recheck);
                 }
             };
-            if let Some(limit) = meta.rate_limit {
-                recheck = Some(recheck.map_or(limit.recheck(), |r| r.min(limit.recheck())));
-            }
+            let mut spent = false;
             'lanes: for priority in meta.priorities {
                 let puller = match self.inner.queues.puller(queue, priority).await {
                     Ok(puller) => puller,
@@ -220,16 +219,14 @@ impl Store {
                     }
                     // Each message is its own job: claimed side by side, so the reads and
                     // writes of a FETCH of many go to NATS together; kept in delivery order.
-                    let limited = meta.rate_limit.is_some();
-                    let claims = delivered
-                        .iter()
-                        .map(|msg| self.claim(msg, queue, priority, req, deadline, limited));
-                    let mut limit_reached = false;
+                    let claims = delivered.iter().map(|msg| {
+                        self.claim(msg, queue, priority, req, deadline, meta.rate_limit)
+                    });
                     for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
-                        limit_reached |= matches!(claim, Ok(Claimed::Limited));
+                        spent |= matches!(claim, Ok(Claimed::Limited));
                         record_claim(msg, claim, got).await;
                     }
-                    if limit_reached {
+                    if spent {
                         break 'lanes;
                     }
                 }
@@ -237,12 +234,17 @@ impl Store {
                     lanes.push((queue.clone(), priority, puller));
                 }
             }
+            if let Some(limit) = meta.rate_limit {
+                let jitter = Duration::from_micros(rand::random_range(0..4000));
+                let again = limit.recheck(Utc::now().timestamp_millis(), spent, jitter);
+                recheck = Some(recheck.map_or(again, |r| r.min(again)));
+            }
         }
         (lanes, recheck)
     }
 
     /// Claims the job a delivered queue message points to, or settles the message when it
-    /// is stale. A job of a rate-limited queue (`limited`) starts only with a start of its
+    /// is stale. A job of a rate-limited queue (`limit`) starts only with a start of its
     /// window. Past `deadline` it starts no read or write, and fails (`record_claim` hands
     /// the message back).
     async fn claim(
@@ -252,7 +254,7 @@ impl Store {
         priority: i32,
         req: &FetchRequest,
         deadline: Instant,
-        limited: bool,
+        limit: Option<RateLimit>,
     ) -> Result<Claimed, OjsError> {
         let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
             warn!(subject = %msg.subject, "dropping an unreadable queue message");
@@ -351,8 +353,8 @@ impl Store {
             }
             // One start of the window per job started (a lost race keeps it: the next round
             // writes the same start).
-            if limited && next.transition == Transition::Started && !started {
-                if !self.take_start(queue).await? {
+            if let (Some(limit), Transition::Started, false) = (limit, next.transition, started) {
+                if !self.take_start(queue, limit).await? {
                     settle(msg, AckKind::Nak(None)).await;
                     return Ok(Claimed::Limited);
                 }

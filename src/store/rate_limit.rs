@@ -1,11 +1,12 @@
 //! Queue rate limits (docs/architecture.md §3.19). A rate-limited queue has a token stream
-//! in NATS: every job start publishes one message to it, NATS refuses the message once the
-//! window holds `limit` of them (discard new per subject) and drops each when its window
-//! has passed (max age). So the limit holds across every replica with one publish per
-//! start and nothing to coordinate; queues without a limit never touch it.
+//! in NATS: every job start publishes one message to the subject of its window, and NATS
+//! refuses the message once that subject holds `limit` of them (discard new per subject).
+//! So the limit holds across every replica with one publish per start and nothing to
+//! coordinate; queues without a limit never touch it.
 
 use std::collections::BTreeMap;
 
+use async_nats::jetstream::context::PublishErrorKind;
 use chrono::{DateTime, Utc};
 
 use super::error::{backend, server_refused};
@@ -46,22 +47,33 @@ impl Store {
         Ok(())
     }
 
-    /// FETCH: spends one start of `queue`'s window; `false` when the window has none left.
+    /// FETCH: spends one start of `queue`'s current window; `false` when the window has
+    /// none left.
     ///
     /// # Errors
     /// `backend_error` when NATS does not answer.
-    pub(super) async fn take_start(&self, queue: &str) -> Result<bool, OjsError> {
+    pub(super) async fn take_start(&self, queue: &str, limit: RateLimit) -> Result<bool, OjsError> {
         let doing = "taking a start of a rate-limited queue";
-        let ack = self
-            .inner
-            .js
-            .publish(self.inner.topology.rate_subject(queue), bytes::Bytes::new())
-            .await
-            .map_err(backend(doing))?;
-        match ack.await {
-            Ok(_) => Ok(true),
-            Err(err) if server_refused(&err) => Ok(false),
-            Err(err) => Err(backend(doing)(err)),
+        let window = limit.window_index(Utc::now().timestamp_millis());
+        let subject = self.inner.topology.rate_subject(queue, window);
+        for first in [true, false] {
+            let ack = self
+                .inner
+                .js
+                .publish(subject.clone(), bytes::Bytes::new())
+                .await
+                .map_err(backend(doing))?;
+            match ack.await {
+                Ok(_) => return Ok(true),
+                Err(err) if server_refused(&err) => return Ok(false),
+                // A token stream of an earlier version (one subject per queue): made over.
+                Err(err) if first && err.kind() == PublishErrorKind::StreamNotFound => {
+                    let config = self.inner.topology.rate_stream_config(queue, limit);
+                    ensure_stream(&self.inner.js, config).await?;
+                }
+                Err(err) => return Err(backend(doing)(err)),
+            }
         }
+        unreachable!("the second round returns")
     }
 }

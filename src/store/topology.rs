@@ -159,20 +159,23 @@ impl Topology {
         format!("{}{}", self.rate_stream_prefix(), encode_queue(queue))
     }
 
-    pub fn rate_subject(&self, queue: &str) -> String {
-        format!("{}.rate.{}", self.namespace, encode_queue(queue))
+    /// The subject of a queue's starts in window `window` (`RateLimit::window_index`).
+    pub fn rate_subject(&self, queue: &str, window: i64) -> String {
+        format!("{}.rate.{}.{window}", self.namespace, encode_queue(queue))
     }
 
-    /// One message per start, kept for the window: NATS refuses a start past the limit
-    /// (discard new per subject) and forgets each when the window has passed. In memory:
-    /// starts are worth nothing after their window.
+    /// One message per start on the subject of its window: NATS refuses a start past the
+    /// limit (discard new per subject). A window's subject is never published to once it
+    /// has passed, so NATS forgetting its starts (max age) is only cleanup — its expiry runs
+    /// up to 250 ms late on nats-server 2.10+, which would hold back the next starts if the
+    /// age decided the limit. In memory: starts are worth nothing after their window.
     pub fn rate_stream_config(&self, queue: &str, limit: RateLimit) -> stream::Config {
         stream::Config {
             name: self.rate_stream(queue),
-            subjects: vec![self.rate_subject(queue)],
+            subjects: vec![format!("{}.rate.{}.*", self.namespace, encode_queue(queue))],
             retention: RetentionPolicy::Limits,
             max_messages_per_subject: limit.limit as i64,
-            max_age: limit.window(),
+            max_age: limit.token_max_age(),
             discard: DiscardPolicy::New,
             discard_new_per_subject: true,
             storage: StorageType::Memory,

@@ -1,7 +1,7 @@
 //! Level 4 queues through the HTTP API on a real nats-server, with two gateways: pause and
 //! resume seen by every replica (also by FETCHes already waiting), statistics exact for the
-//! client that just wrote, exact priority order at size, and per-queue rate limits held
-//! across replicas.
+//! client that just wrote, exact priority order at size, weighted queue order, and
+//! per-queue rate limits held across replicas.
 
 mod common;
 
@@ -403,4 +403,51 @@ async fn a_rate_limit_holds_across_two_replicas_and_64_workers() {
         assert_eq!(b.fetch(&["free"], "w").await.len(), 1);
     }
     assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+/// A weighted FETCH over three full queues (weights 5, 2, 1) takes from each in its share
+/// of the weights, and none starves; without a strategy the first listed queue always wins.
+#[tokio::test]
+async fn a_weighted_fetch_takes_from_each_queue_in_its_share_of_the_weights() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    for q in ["critical", "default", "low"] {
+        let jobs: Vec<Value> = (0..800).map(|_| job(q, json!({}))).collect();
+        let r = a.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let strict = json!({"queues": ["low", "critical"], "worker_id": "w"});
+    for _ in 0..20 {
+        let r = b.post("/ojs/v1/workers/fetch", strict.clone()).await;
+        assert_eq!(r.body["jobs"][0]["queue"], "low", "{}", r.body);
+    }
+    let weighted = json!({
+        "queues": [{"name": "critical", "weight": 5}, {"name": "default", "weight": 2}, "low"],
+        "strategy": "weighted",
+        "worker_id": "w",
+    });
+    let mut taken = std::collections::HashMap::new();
+    for i in 0..800 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let r = app.post("/ojs/v1/workers/fetch", weighted.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let queue = r.body["jobs"][0]["queue"].as_str().unwrap().to_owned();
+        *taken.entry(queue).or_insert(0usize) += 1;
+    }
+    eprintln!("weighted 5/2/1 over 800 FETCHes: {taken:?}");
+    // Expected 500/200/100; six standard deviations of the draw at most apart.
+    for (queue, share) in [("critical", 500), ("default", 200), ("low", 100)] {
+        let got = taken.get(queue).copied().unwrap_or(0);
+        assert!(
+            got.abs_diff(share) <= 80,
+            "{queue}: {got} of 800, expected about {share}"
+        );
+    }
+    a.post(
+        "/ojs/v1/workers/fetch",
+        json!({"queues": ["low"], "strategy": "random"}),
+    )
+    .await
+    .assert_error(400, "invalid_request");
 }

@@ -27,11 +27,17 @@ const WORKER_INFO: [&str; 6] = [
     "started_at",
 ];
 
+/// Highest weight of a queue in a weighted FETCH.
+pub const MAX_QUEUE_WEIGHT: u64 = 1000;
+
 /// A FETCH (core §7.2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FetchRequest {
-    /// Queues in the order to try them.
+    /// Queues in the order to try them (`strict`, the default), or to draw that order from.
     pub queues: Vec<String>,
+    /// `strategy: "weighted"` (priority spec §7.2): each queue's weight, in the order of
+    /// `queues`; each FETCH tries them in an order drawn by weight.
+    pub weights: Option<Vec<u64>>,
     pub count: usize,
     pub worker_id: Option<String>,
     /// Reservation for these jobs; else the job's own, else the server default.
@@ -73,29 +79,81 @@ pub struct BeatRequest {
 /// # Errors
 /// 400 naming the first field that breaks a rule.
 pub fn fetch(body: &Map<String, Value>) -> Result<FetchRequest, OjsError> {
-    let listed = fields::array(body.get("queues"), "queues", "an array of queue names")?;
+    const SHAPE: &str = "an array of queue names (or {\"name\", \"weight\"} objects)";
+    let listed = fields::array(body.get("queues"), "queues", SHAPE)?;
     let queues = match listed {
         Some(list) if !list.is_empty() => list
             .iter()
             .map(|q| {
-                let q = q.as_str().ok_or_else(|| {
-                    OjsError::invalid("queues", "queues must be an array of queue names.")
-                })?;
-                validate_queue(q)?;
-                Ok(q.to_owned())
+                let (name, weight) = match q {
+                    Value::String(name) => (name.as_str(), 1),
+                    Value::Object(o) => {
+                        let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
+                            OjsError::invalid("queues", format!("queues must be {SHAPE}."))
+                        })?;
+                        let weight = fields::integer(
+                            o.get("weight"),
+                            "queues.weight",
+                            1..=MAX_QUEUE_WEIGHT,
+                        )?;
+                        (name, weight.unwrap_or(1))
+                    }
+                    _ => {
+                        return Err(OjsError::invalid(
+                            "queues",
+                            format!("queues must be {SHAPE}."),
+                        ))
+                    }
+                };
+                validate_queue(name)?;
+                Ok((name.to_owned(), weight))
             })
             .collect::<Result<Vec<_>, OjsError>>()?,
         _ => return Err(missing("queues", "a non-empty array of queue names")),
     };
+    let weighted = match body.get("strategy") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) if s == "strict" => false,
+        Some(Value::String(s)) if s == "weighted" => true,
+        Some(_) => {
+            return Err(OjsError::invalid(
+                "strategy",
+                "strategy must be \"strict\" (the default) or \"weighted\".",
+            ))
+        }
+    };
     let count = fields::integer(body.get("count"), "count", 1..=MAX_FETCH)?.unwrap_or(1);
     let wait = fields::integer(body.get("wait_ms"), "wait_ms", 0..=MAX_FETCH_WAIT_MS)?;
+    let (queues, weights) = queues.into_iter().unzip();
     Ok(FetchRequest {
         queues,
+        weights: weighted.then_some(weights),
         count: count as usize,
         worker_id: worker_id(body)?,
         visibility: fields::millis(body.get("visibility_timeout_ms"), "visibility_timeout_ms")?,
         wait: wait.map(Duration::from_millis),
     })
+}
+
+impl FetchRequest {
+    /// The order to try the queues in: as listed (strict), or drawn by weight, so that
+    /// each queue comes first in a share of FETCHes equal to its share of the weights and
+    /// every queue is tried by every FETCH (weighted random order: each queue's key is
+    /// `-ln(u) / weight` for a uniform draw `u` in (0, 1], smallest first). `draw` gives
+    /// the uniform draws.
+    pub fn order(&self, mut draw: impl FnMut() -> f64) -> Vec<&str> {
+        let Some(weights) = &self.weights else {
+            return self.queues.iter().map(String::as_str).collect();
+        };
+        let mut keyed: Vec<(f64, &str)> = self
+            .queues
+            .iter()
+            .zip(weights)
+            .map(|(q, w)| (-draw().max(f64::MIN_POSITIVE).ln() / *w as f64, q.as_str()))
+            .collect();
+        keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        keyed.into_iter().map(|(_, q)| q).collect()
+    }
 }
 
 /// # Errors
@@ -206,6 +264,68 @@ mod tests {
     use crate::domain::error::ErrorCode;
 
     const ID: &str = "019539a4-0000-7000-8000-000000000000";
+
+    #[test]
+    fn a_strict_fetch_tries_queues_as_listed_and_a_weighted_one_draws_by_weight() {
+        let strict = fetch(&body(json!({"queues": ["a", "b"]}))).unwrap();
+        assert_eq!(strict.weights, None);
+        assert_eq!(strict.order(|| 0.5), ["a", "b"]);
+
+        let weighted = fetch(&body(json!({
+            "queues": [{"name": "critical", "weight": 5}, {"name": "default", "weight": 2}, "low"],
+            "strategy": "weighted",
+        })))
+        .unwrap();
+        assert_eq!(weighted.queues, ["critical", "default", "low"]);
+        assert_eq!(weighted.weights, Some(vec![5, 2, 1]));
+        // Equal draws: the heaviest first.
+        assert_eq!(weighted.order(|| 0.5), ["critical", "default", "low"]);
+        // A lucky draw puts a light queue first: none starves.
+        let mut draws = [0.9, 0.5, 0.999].into_iter();
+        assert_eq!(
+            weighted.order(|| draws.next().unwrap()),
+            ["low", "critical", "default"]
+        );
+        // Over many FETCHes each queue leads in its share of the weights (draws from a
+        // fixed xorshift sequence).
+        let mut leads = std::collections::HashMap::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+        for _ in 0..8000 {
+            let first = weighted.order(|| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 11) as f64 / (1u64 << 53) as f64
+            })[0];
+            *leads.entry(first).or_insert(0u32) += 1;
+        }
+        for (queue, share) in [("critical", 5000), ("default", 2000), ("low", 1000)] {
+            let got = leads[queue];
+            assert!(got.abs_diff(share) < 250, "{queue} led {got} of 8000");
+        }
+    }
+
+    #[test]
+    fn malformed_strategies_and_weights_are_refused_naming_the_field() {
+        for (bad, field) in [
+            (json!({"queues": ["a"], "strategy": "random"}), "strategy"),
+            (
+                json!({"queues": [{"name": "a", "weight": 0}]}),
+                "queues.weight",
+            ),
+            (
+                json!({"queues": [{"name": "a", "weight": 1001}]}),
+                "queues.weight",
+            ),
+            (json!({"queues": [{"weight": 2}]}), "queues"),
+            (json!({"queues": [7]}), "queues"),
+            (json!({"queues": [{"name": "A B", "weight": 2}]}), "queue"),
+        ] {
+            let err = fetch(&body(bad.clone())).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{bad}");
+            assert_eq!(err.details["field"], field, "{bad}");
+        }
+    }
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

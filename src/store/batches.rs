@@ -30,8 +30,10 @@ fn mark_bytes(mark: Mark) -> bytes::Bytes {
 }
 
 impl Store {
-    /// Stores the timer of batch `id` (due `batch_grace_ms` from now), then opens its
-    /// mark: a crash from here on is finished or undone by the timer.
+    /// Stores the timer of batch `id` (due `batch_grace_ms` from now) and opens its mark,
+    /// side by side: a mark without its timer has no records (they come after both) and
+    /// goes with the bucket's max age; from here on a crash is finished or undone by the
+    /// timer.
     pub(super) async fn open_batch(
         &self,
         id: &str,
@@ -45,12 +47,17 @@ impl Store {
                 time::add(Utc::now(), self.inner.batch_grace),
             )
         };
-        self.send_timer(&timer)
-            .await?
-            .await
-            .map_err(backend("publishing a batch timer"))?;
+        let stored = async {
+            self.send_timer(&timer)
+                .await?
+                .await
+                .map_err(backend("publishing a batch timer"))
+        };
         let doing = "opening a batch";
-        match cas::write(&self.inner.batches, id, mark_bytes(Mark::Open), 0, doing).await? {
+        let opened = cas::write(&self.inner.batches, id, mark_bytes(Mark::Open), 0, doing);
+        let (stored, opened) = tokio::join!(stored, opened);
+        stored?;
+        match opened? {
             Cas::Written(revision) => Ok(OpenBatch {
                 id: id.to_owned(),
                 revision,
@@ -114,11 +121,15 @@ impl Store {
         )
     }
 
-    /// Deletes a finished batch's mark; one left behind is deleted by the batch's timer.
-    pub(super) async fn close_batch(&self, id: &str) {
-        if let Err(err) = self.inner.batches.delete(id).await {
-            warn!(batch_id = id, error = %err, "could not delete a batch mark");
-        }
+    /// Deletes a finished batch's mark, without waiting for it: one left behind is deleted
+    /// by the batch's timer (which then finds every job published).
+    pub(super) fn close_batch(&self, id: &str) {
+        let (store, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move {
+            if let Err(err) = store.inner.batches.delete(&id).await {
+                warn!(batch_id = id, error = %err, "could not delete a batch mark");
+            }
+        });
     }
 
     /// Leader: a batch's grace has passed. A mark still there means its PUSH did not

@@ -133,7 +133,7 @@ impl Store {
                 }
                 self.failpoint("batch.committed").await;
                 self.publish_jobs(&records).await?;
-                self.close_batch(id).await;
+                self.close_batch(id);
                 revisions
             }
         };

@@ -179,7 +179,7 @@ impl Store {
     ) -> (Vec<(String, i32, Puller)>, Option<Duration>) {
         let mut lanes = Vec::new();
         let mut recheck: Option<Duration> = None;
-        for queue in &req.queues {
+        for queue in req.order(rand::random::<f64>) {
             if Instant::now() >= deadline {
                 got.failure.get_or_insert_with(out_of_time);
                 return (lanes, recheck);
@@ -231,7 +231,7 @@ impl Store {
                     }
                 }
                 if meta.rate_limit.is_none() {
-                    lanes.push((queue.clone(), priority, puller));
+                    lanes.push((queue.to_owned(), priority, puller));
                 }
             }
             if let Some(limit) = meta.rate_limit {

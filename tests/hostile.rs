@@ -421,14 +421,11 @@ async fn smaller_inputs_get_ojs_errors_instead_of_500s_or_silence() {
     let r = app
         .post(
             "/ojs/v1/jobs",
-            json!({"type": "a", "args": [], "options": {"rate_limit": {"concurrency": 2, "max_per_second": 1}}}),
+            json!({"type": "a", "args": [], "options": {"rate_limit": {"key": "tenant-7", "max_per_second": 1}}}),
         )
         .await;
     r.assert_error(422, "unsupported");
-    assert_eq!(
-        r.body["error"]["details"]["field"],
-        "rate_limit.concurrency"
-    );
+    assert_eq!(r.body["error"]["details"]["field"], "rate_limit.key");
     let r = app
         .post(
             "/ojs/v1/jobs",

@@ -1,15 +1,15 @@
 //! Level 4 queues through the HTTP API on a real nats-server, with two gateways: pause and
 //! resume seen by every replica (also by FETCHes already waiting), statistics exact for the
 //! client that just wrote, exact priority order at size, weighted queue order, and
-//! per-queue rate limits held across replicas.
+//! per-queue rate and concurrency limits held across replicas.
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{eventually, spawn_app, ts, NatsServer, TestApp};
+use common::{eventually, spawn_app, spawn_app_with, test_config, ts, NatsServer, TestApp};
 use serde_json::{json, Value};
 
 fn job(queue: &str, options: Value) -> Value {
@@ -450,4 +450,110 @@ async fn a_weighted_fetch_takes_from_each_queue_in_its_share_of_the_weights() {
     )
     .await
     .assert_error(400, "invalid_request");
+}
+
+/// A queue limited to 5 running jobs, drained by 64 workers through two gateways, each job
+/// held 100 ms: never more than 5 run at once (the time between a FETCH's answer and the
+/// ACK's request lies within the job's running place), and 5 do.
+#[tokio::test]
+async fn a_concurrency_limit_holds_across_two_replicas_and_64_workers() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    const LIMIT: usize = 5;
+    const JOBS: usize = 100;
+    let jobs: Vec<Value> = (0..JOBS)
+        .map(|_| job("capped", json!({"rate_limit": {"concurrency": LIMIT}})))
+        .collect();
+    let r = a.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut workers = Vec::new();
+    for w in 0..64 {
+        let app = if w % 2 == 0 { a.client() } else { b.client() };
+        let (running, most, done) = (running.clone(), most.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            while done.load(Ordering::SeqCst) < JOBS && Instant::now() < until {
+                let r = app
+                    .post(
+                        "/ojs/v1/workers/fetch",
+                        json!({"queues": ["capped"], "worker_id": format!("w{w}"), "wait_ms": 300}),
+                    )
+                    .await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                for job in r.body["jobs"].as_array().unwrap() {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    let r = app.ack(json!({"job_id": job["id"]})).await;
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    eprintln!("concurrency limit {LIMIT}: at most {most} jobs ran at once");
+    assert_eq!(done.load(Ordering::SeqCst), JOBS, "every job ran");
+    assert_eq!(
+        most, LIMIT,
+        "never more than the limit at once, and the limit reached"
+    );
+}
+
+/// A running place whose job never took it (a gateway that died between the place and
+/// the job's record) is freed by the leader once older than any claim on its way, so it
+/// does not hold the queue back for good.
+#[tokio::test]
+async fn a_running_place_left_by_a_dead_claim_is_freed_by_the_leader() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(ojs_jetstream::config::Config {
+        nats_timeout_ms: 1000,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app
+        .enqueue(job("single", json!({"rate_limit": {"concurrency": 1}})))
+        .await;
+    // The dead claim's place, as a FETCH stores it before its record write.
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let orphan = json!({"id": "019539a4-0000-7000-8000-000000000000", "dispatch": 1});
+    js.publish("ojs.slot.single", orphan.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let taken = Instant::now();
+    let fetch = json!({"queues": ["single"], "worker_id": "w", "wait_ms": 1000});
+    let r = app.post("/ojs/v1/workers/fetch", fetch.clone()).await;
+    assert_eq!(
+        r.body["jobs"],
+        json!([]),
+        "the only place is taken: {}",
+        r.body
+    );
+    let handed = eventually(Duration::from_secs(20), "the place freed", || async {
+        let r = app.post("/ojs/v1/workers/fetch", fetch.clone()).await;
+        r.body["jobs"][0]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    assert_eq!(handed, id);
+    // Not before the grace: 10 s of FETCH wait and two NATS timeouts.
+    assert!(
+        taken.elapsed() >= Duration::from_secs(12),
+        "{:?}",
+        taken.elapsed()
+    );
+    eprintln!(
+        "a left-over place was freed {:?} after it was taken",
+        taken.elapsed()
+    );
 }

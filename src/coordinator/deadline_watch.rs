@@ -144,6 +144,7 @@ mod tests {
             sequence: 1,
             visible_until: at(visible_ms),
             last_beat: None,
+            slot: None,
         });
         rec
     }

@@ -6,6 +6,7 @@ mod cron;
 mod deadline_watch;
 mod event_publisher;
 mod pruner;
+mod slot_sweeper;
 mod timer_scheduler;
 mod unseen_writes;
 
@@ -23,6 +24,7 @@ use crate::telemetry::metrics::Metrics;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use pruner::Pruner;
+pub use slot_sweeper::SlotSweeper;
 pub use timer_scheduler::TimerScheduler;
 
 /// The lease every replica competes for.
@@ -123,6 +125,10 @@ impl Coordinator {
             TimerScheduler::new(store.clone(), self.metrics.clone()).run(token.clone()),
         );
         l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
+        l.spawn(
+            "slot_sweeper",
+            SlotSweeper::new(store.clone()).run(token.clone()),
+        );
         if let Some(max_age) = store.finished_jobs_max_age() {
             l.spawn(
                 "pruner",

@@ -12,7 +12,7 @@ use super::duration;
 use super::error::{ErrorCode, OjsError};
 use super::fields::{self, missing, type_error};
 use super::job::{Job, SPEC_VERSION};
-use super::rate_limit::RateLimit;
+use super::rate_limit::Limits;
 use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
@@ -237,7 +237,7 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
     let rate_limit = match opts.get("rate_limit") {
         None => None,
         Some(v) => {
-            RateLimit::parse(v, &queue)?;
+            Limits::parse(v, &queue)?;
             Some(v.clone())
         }
     };
@@ -623,7 +623,7 @@ mod tests {
             ok(json!({"type": "a", "args": [], "options": {"rate_limit": {"max_per_second": 1}}}));
         assert_eq!(j.rate_limit, Some(json!({"max_per_second": 1})));
         let e = err(
-            json!({"type": "a", "args": [], "options": {"rate_limit": {"concurrency": 1, "max_per_second": 1}}}),
+            json!({"type": "a", "args": [], "options": {"rate_limit": {"on_limit": "drop", "max_per_second": 1}}}),
         );
         assert_eq!(e.code, ErrorCode::Unsupported);
         let j = ok(json!({"type": "a", "args": [], "options": {"unique": {"period": "PT1H"}}}));

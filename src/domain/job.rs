@@ -150,6 +150,10 @@ pub struct Holder {
         skip_serializing_if = "Option::is_none"
     )]
     pub last_beat: Option<DateTime<Utc>>,
+    /// The sequence of the job's message in its queue's concurrency stream, while it runs
+    /// under a concurrency limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u64>,
 }
 
 /// What the write that produced a record did; the events of that write follow from it alone.

@@ -83,6 +83,7 @@ pub fn claim(
         sequence: delivery.sequence,
         visible_until: time::add(now, visibility),
         last_beat: None,
+        slot: None,
     });
     next.transition = Transition::Started;
     Ok(next)

@@ -2,7 +2,8 @@
 //! queue in each window of `window`, windows aligned to the Unix epoch, across every
 //! replica (docs/architecture.md §3.19) — so the long-run rate is the limit, and no span of
 //! one window's length holds more than twice the limit (one burst). Pure: reading a job's
-//! `rate_limit` option into the queue's limit, and which window a start falls in.
+//! `rate_limit` option into the queue's limits, and which window a start falls in. A queue
+//! may also cap how many of its jobs are active at once (`concurrency`, spec §5.1).
 
 use std::time::Duration;
 
@@ -11,9 +12,14 @@ use serde_json::{Map, Value};
 
 use super::duration;
 use super::error::{ErrorCode, OjsError};
+use super::job::JobRecord;
+use super::state::JobState;
 
 /// Most starts one window may allow (a window's starts are messages NATS keeps).
 pub const MAX_LIMIT: u64 = 100_000;
+/// Most jobs of one queue a concurrency limit lets run at once (each holds a message in
+/// NATS, and the leader looks at each now and then).
+pub const MAX_CONCURRENCY: u64 = 10_000;
 /// Shortest window (a window's starts are one NATS subject; each 10 ms a new one).
 pub const MIN_WINDOW: Duration = Duration::from_millis(10);
 /// The shortest time NATS keeps a window's starts: it refuses a `max_age` under 100 ms.
@@ -28,16 +34,25 @@ pub struct RateLimit {
     pub window_ms: u64,
 }
 
-impl RateLimit {
-    /// Reads a job's `rate_limit` option for its queue: `{"max_per_second": N}` (OpenAPI),
+/// What a job's `rate_limit` asks of its queue: starts per window, jobs active at once, or
+/// both (spec §14.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    pub rate: Option<RateLimit>,
+    pub concurrency: Option<u64>,
+}
+
+impl Limits {
+    /// Reads a job's `rate_limit` option for its queue: `{"concurrency": N}` (at most N of
+    /// the queue's jobs active at once) and/or one of `{"max_per_second": N}` (OpenAPI),
     /// `{"rate": {"limit", "period"}}` (a window) or `{"throttle": {"limit", "period"}}`
     /// (even spacing: one start per period / limit). `key` may name the queue itself;
     /// `on_limit` may be `wait` (the default: the job stays available).
     ///
     /// # Errors
     /// 400 for a malformed limit; 422 `unsupported` for what this server does not enforce
-    /// (another `key`, `concurrency`, `on_limit` other than `wait`, `rate` with `throttle`).
-    pub fn parse(value: &Value, queue: &str) -> Result<RateLimit, OjsError> {
+    /// (another `key`, `on_limit` other than `wait`, `rate` with `throttle`).
+    pub fn parse(value: &Value, queue: &str) -> Result<Limits, OjsError> {
         let Value::Object(o) = value else {
             return Err(OjsError::invalid(
                 "rate_limit",
@@ -61,9 +76,22 @@ impl RateLimit {
                 ))
             }
         }
-        if o.get("concurrency").is_some_and(|v| !v.is_null()) {
-            return Err(unsupported("concurrency", "a concurrency limit"));
-        }
+        let concurrency = match o.get("concurrency").filter(|v| !v.is_null()) {
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|n| (1..=MAX_CONCURRENCY).contains(n))
+                    .ok_or_else(|| {
+                        OjsError::invalid(
+                            "rate_limit.concurrency",
+                            format!(
+                                "rate_limit.concurrency must be an integer from 1 to \
+                                 {MAX_CONCURRENCY} (pause a queue to run none), got {v}."
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
         match o.get("on_limit") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "wait" => {}
@@ -86,10 +114,16 @@ impl RateLimit {
                     window_ms: t.window_ms / t.limit,
                 }
             }
+            (None, None, None) if concurrency.is_some() => {
+                return Ok(Limits {
+                    rate: None,
+                    concurrency,
+                })
+            }
             (None, None, None) => {
                 return Err(OjsError::invalid(
                     "rate_limit",
-                    "rate_limit needs max_per_second, rate or throttle.",
+                    "rate_limit needs concurrency, max_per_second, rate or throttle.",
                 ))
             }
             _ => {
@@ -108,9 +142,19 @@ impl RateLimit {
                 ),
             ));
         }
-        Ok(limit)
+        Ok(Limits {
+            rate: Some(limit),
+            concurrency,
+        })
     }
 
+    /// Whether the queue's jobs start one at a time, each taking what its limits allow.
+    pub fn any(&self) -> bool {
+        self.rate.is_some() || self.concurrency.is_some()
+    }
+}
+
+impl RateLimit {
     pub fn window(&self) -> Duration {
         Duration::from_millis(self.window_ms)
     }
@@ -139,6 +183,14 @@ impl RateLimit {
         Duration::from_millis(self.window_ms / self.limit)
             .clamp(Duration::from_millis(20), Duration::from_millis(250))
     }
+}
+
+/// Whether `rec` still runs under the concurrency place (message `sequence`) that dispatch
+/// `dispatch` of it took: else the place is left over and may be freed.
+pub fn holds_slot(rec: &JobRecord, dispatch: u64, sequence: u64) -> bool {
+    rec.job.state == JobState::Active
+        && rec.dispatch == dispatch
+        && rec.holder.as_ref().and_then(|h| h.slot) == Some(sequence)
 }
 
 fn count(v: &Value, field: &str) -> Result<u64, OjsError> {
@@ -189,7 +241,55 @@ mod tests {
     use super::*;
 
     fn parse(v: Value) -> Result<RateLimit, OjsError> {
-        RateLimit::parse(&v, "q")
+        Ok(Limits::parse(&v, "q")?.rate.expect("a rate"))
+    }
+
+    #[test]
+    fn a_place_is_held_only_by_the_dispatch_running_under_it() {
+        let mut rec = crate::domain::fixtures::record(json!({}));
+        assert!(!holds_slot(&rec, 1, 7), "available");
+        rec.job.state = JobState::Active;
+        rec.holder = Some(crate::domain::job::Holder {
+            worker_id: None,
+            ack_subject: "ack".into(),
+            sequence: 1,
+            visible_until: crate::domain::fixtures::now(),
+            last_beat: None,
+            slot: Some(7),
+        });
+        assert!(holds_slot(&rec, 1, 7));
+        assert!(!holds_slot(&rec, 1, 8), "another place");
+        assert!(!holds_slot(&rec, 2, 7), "another dispatch");
+    }
+
+    #[test]
+    fn a_concurrency_limit_stands_alone_or_beside_a_rate() {
+        let alone = Limits::parse(&json!({"concurrency": 5}), "q").unwrap();
+        assert_eq!(
+            alone,
+            Limits {
+                rate: None,
+                concurrency: Some(5)
+            }
+        );
+        assert!(alone.any());
+        let both = Limits::parse(
+            &json!({"key": "q", "concurrency": 3, "max_per_second": 2}),
+            "q",
+        )
+        .unwrap();
+        assert_eq!(both.concurrency, Some(3));
+        assert_eq!(both.rate.unwrap().limit, 2);
+        assert!(!Limits::default().any());
+        for bad in [
+            json!({"concurrency": 0}),
+            json!({"concurrency": 10_001}),
+            json!({"concurrency": "5"}),
+        ] {
+            let err = Limits::parse(&bad, "q").unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{bad}");
+            assert_eq!(err.details["field"], "rate_limit.concurrency");
+        }
     }
 
     #[test]
@@ -252,19 +352,18 @@ mod tests {
             json!({"throttle": {"limit": 1000, "period": "PT1S"}}),
         ] {
             assert_eq!(
-                parse(bad.clone()).unwrap_err().code,
+                Limits::parse(&bad, "q").unwrap_err().code,
                 ErrorCode::InvalidRequest,
                 "{bad}"
             );
         }
         for unsupported in [
             json!({"key": "stripe", "max_per_second": 1}),
-            json!({"concurrency": 5, "max_per_second": 1}),
             json!({"on_limit": "drop", "max_per_second": 1}),
             json!({"max_per_second": 1, "rate": {"limit": 1, "period": "PT1S"}}),
         ] {
             assert_eq!(
-                parse(unsupported.clone()).unwrap_err().code,
+                Limits::parse(&unsupported, "q").unwrap_err().code,
                 ErrorCode::Unsupported,
                 "{unsupported}"
             );

@@ -182,6 +182,7 @@ mod tests {
             sequence: 0,
             visible_until: Utc::now(),
             last_beat: Some(Utc::now()),
+            slot: None,
         });
         for _ in 0..MAX_TRAIL_STEPS {
             rec.trail = carry(&rec, u64::MAX, 0);

@@ -60,6 +60,7 @@ pub async fn manifest() -> Response {
                 "events": true,
             },
             "unique_job_strength": "strong",
+            "queue_strategies": ["strict", "weighted"],
             "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
             "extensions": {"official": []},
             "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "events": "/ojs/v1/events"},

@@ -16,9 +16,9 @@ use super::records::{settle, Dispatch, Lookup};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::{ErrorCode, OjsError};
-use crate::domain::job::{Job, Transition};
+use crate::domain::job::{Job, JobRecord, Transition};
 use crate::domain::lifecycle::Delivery;
-use crate::domain::rate_limit::RateLimit;
+use crate::domain::rate_limit::Limits;
 use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
 
@@ -81,9 +81,13 @@ enum Claimed {
     Job(Box<Job>),
     /// Stale, spent or put back: nothing for the worker.
     Nothing,
-    /// Its queue's rate limit has no start left in this window: put back, first in line.
+    /// Its queue's limits allow no start now (the window is spent, or every running place
+    /// taken): put back, first in line.
     Limited,
 }
+
+/// How soon a FETCH looks again at a queue whose running places were all taken.
+const SLOT_RECHECK: Duration = Duration::from_millis(50);
 
 /// Adds a claim's outcome to `got`; a message whose claim failed is released for another
 /// fetch, and the failure reported only if nothing was claimed.
@@ -144,9 +148,9 @@ impl Store {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused while this FETCH waited: the message goes back, first in line.
                 if got.jobs.len() < req.count && !self.inner.queues.is_paused(queue) {
-                    let limit = self.inner.queues.rate_limit(queue);
+                    let limits = self.inner.queues.limits(queue);
                     let claim = self
-                        .claim(&msg, queue, *priority, req, deadline, limit)
+                        .claim(&msg, queue, *priority, req, deadline, limits)
                         .await;
                     record_claim(&msg, claim, &mut got).await;
                 } else {
@@ -193,6 +197,7 @@ impl Store {
                 }
             };
             let mut spent = false;
+            let limits = meta.limits();
             'lanes: for priority in meta.priorities {
                 let puller = match self.inner.queues.puller(queue, priority).await {
                     Ok(puller) => puller,
@@ -206,8 +211,8 @@ impl Store {
                     if need == 0 || got.failure.is_some() {
                         return (lanes, recheck);
                     }
-                    // A rate-limited queue's jobs one at a time: each start takes a token.
-                    let want = if meta.rate_limit.is_some() { 1 } else { need };
+                    // A limited queue's jobs one at a time: each start takes a token.
+                    let want = if limits.any() { 1 } else { need };
                     // A message the loop hands out after this gives up is released there.
                     let Ok(delivered) = tokio::time::timeout_at(deadline, puller.pull(want)).await
                     else {
@@ -219,9 +224,9 @@ impl Store {
                     }
                     // Each message is its own job: claimed side by side, so the reads and
                     // writes of a FETCH of many go to NATS together; kept in delivery order.
-                    let claims = delivered.iter().map(|msg| {
-                        self.claim(msg, queue, priority, req, deadline, meta.rate_limit)
-                    });
+                    let claims = delivered
+                        .iter()
+                        .map(|msg| self.claim(msg, queue, priority, req, deadline, limits));
                     for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
                         spent |= matches!(claim, Ok(Claimed::Limited));
                         record_claim(msg, claim, got).await;
@@ -230,13 +235,20 @@ impl Store {
                         break 'lanes;
                     }
                 }
-                if meta.rate_limit.is_none() {
+                if !limits.any() {
                     lanes.push((queue.to_owned(), priority, puller));
                 }
             }
-            if let Some(limit) = meta.rate_limit {
-                let jitter = Duration::from_micros(rand::random_range(0..4000));
-                let again = limit.recheck(Utc::now().timestamp_millis(), spent, jitter);
+            let again = match (limits.rate, limits.concurrency) {
+                (Some(limit), _) => {
+                    let jitter = Duration::from_micros(rand::random_range(0..4000));
+                    Some(limit.recheck(Utc::now().timestamp_millis(), spent, jitter))
+                }
+                // A place frees when a job ends: look again soon.
+                (None, Some(_)) => Some(SLOT_RECHECK),
+                (None, None) => None,
+            };
+            if let Some(again) = again {
                 recheck = Some(recheck.map_or(again, |r| r.min(again)));
             }
         }
@@ -244,9 +256,10 @@ impl Store {
     }
 
     /// Claims the job a delivered queue message points to, or settles the message when it
-    /// is stale. A job of a rate-limited queue (`limit`) starts only with a start of its
-    /// window. Past `deadline` it starts no read or write, and fails (`record_claim` hands
-    /// the message back).
+    /// is stale. A job of a limited queue (`limits`) starts only with a start of its
+    /// window and a free running place. Past `deadline` it starts no read or write, and
+    /// fails (`record_claim` hands the message back).
+    #[allow(clippy::too_many_arguments)]
     async fn claim(
         &self,
         msg: &async_nats::jetstream::Message,
@@ -254,7 +267,30 @@ impl Store {
         priority: i32,
         req: &FetchRequest,
         deadline: Instant,
-        limit: Option<RateLimit>,
+        limits: Limits,
+    ) -> Result<Claimed, OjsError> {
+        let mut slot = None;
+        let claimed = self
+            .claim_rounds(msg, queue, priority, req, deadline, limits, &mut slot)
+            .await;
+        // A place taken for a start that did not happen is freed at once.
+        if let (Some(sequence), false) = (slot, matches!(claimed, Ok(Claimed::Job(_)))) {
+            self.give_back_slot(queue, sequence).await;
+        }
+        claimed
+    }
+
+    /// The rounds of `claim`; `slot` keeps the running place taken, if any.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_rounds(
+        &self,
+        msg: &async_nats::jetstream::Message,
+        queue: &str,
+        priority: i32,
+        req: &FetchRequest,
+        deadline: Instant,
+        limits: Limits,
+        slot: &mut Option<u64>,
     ) -> Result<Claimed, OjsError> {
         let Ok(d) = serde_json::from_slice::<Dispatch>(&msg.payload) else {
             warn!(subject = %msg.subject, "dropping an unreadable queue message");
@@ -351,14 +387,26 @@ impl Store {
             if Instant::now() >= deadline {
                 return Err(out_of_time());
             }
-            // One start of the window per job started (a lost race keeps it: the next round
-            // writes the same start).
-            if let (Some(limit), Transition::Started, false) = (limit, next.transition, started) {
-                if !self.take_start(queue, limit).await? {
-                    settle(msg, AckKind::Nak(None)).await;
-                    return Ok(Claimed::Limited);
+            // One running place and one start of the window per job started (a lost race
+            // keeps them: the next round writes the same start).
+            if let (true, Transition::Started, false) = (limits.any(), next.transition, started) {
+                if limits.concurrency.is_some() {
+                    *slot = self.take_slot(queue, &d.id, d.dispatch).await?;
+                    if slot.is_none() {
+                        settle(msg, AckKind::Nak(None)).await;
+                        return Ok(Claimed::Limited);
+                    }
+                }
+                if let Some(limit) = limits.rate {
+                    if !self.take_start(queue, limit).await? {
+                        settle(msg, AckKind::Nak(None)).await;
+                        return Ok(Claimed::Limited);
+                    }
                 }
                 started = true;
+            }
+            if let (Some(sequence), Some(holder)) = (*slot, next.holder.as_mut()) {
+                holder.slot = Some(sequence);
             }
             self.prepare(&rec, &mut next).await?;
             // No deadline timer here: the leader watches the job from this write (§3.6).
@@ -371,6 +419,11 @@ impl Store {
                 }
             };
             self.failpoint("fetch.claimed").await;
+            // A lapse taken over frees the place of the attempt that lapsed.
+            let held = |r: &JobRecord| r.holder.as_ref().and_then(|h| h.slot);
+            if let Some(old) = held(&rec).filter(|old| held(&next) != Some(*old)) {
+                self.give_back_slot(queue, old).await;
+            }
             if next.job.state == JobState::Active {
                 self.inner.recent.remember(&d.id, next.clone(), written);
             }

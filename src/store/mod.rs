@@ -378,6 +378,7 @@ impl Store {
             let name = name.map_err(backend("listing streams"))?;
             if name.starts_with(&t.queue_stream_prefix())
                 || name.starts_with(&t.rate_stream_prefix())
+                || name.starts_with(&t.slot_stream_prefix())
             {
                 streams.push(name);
             }

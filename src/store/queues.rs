@@ -21,7 +21,7 @@ use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
 use crate::domain::error::OjsError;
 use crate::domain::lanes::{self, LaneLimits};
-use crate::domain::rate_limit::RateLimit;
+use crate::domain::rate_limit::{Limits, RateLimit};
 use crate::domain::time;
 
 /// A queue's entry in the queues bucket.
@@ -49,11 +49,22 @@ pub struct QueueMeta {
     /// Starts allowed per window, across every replica (`rate_limit.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// Jobs allowed active at once, across every replica (`rate_limit.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u64>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
 }
 
 impl QueueMeta {
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            rate: self.rate_limit,
+            concurrency: self.concurrency,
+        }
+    }
+
     /// When the pause or resume in force happened (the creation for a queue never paused).
     pub fn status_since(&self) -> DateTime<Utc> {
         self.paused_at
@@ -70,6 +81,7 @@ impl QueueMeta {
             paused_at: None,
             resumed_at: None,
             rate_limit: None,
+            concurrency: None,
             created_at: now,
         }
     }
@@ -212,32 +224,44 @@ impl QueueRegistry {
             .is_some_and(|m| m.paused)
     }
 
-    /// The rate limit in force for `queue` as this replica knows it.
-    pub fn rate_limit(&self, queue: &str) -> Option<RateLimit> {
+    /// The limits in force for `queue` as this replica knows them.
+    pub fn limits(&self, queue: &str) -> Limits {
         self.inner
             .queues
             .get(&encode_queue(queue))
-            .and_then(|m| m.rate_limit)
+            .map(|m| m.limits())
+            .unwrap_or_default()
     }
 
-    /// Makes `limit` the queue's rate limit (its token stream must exist already). The
-    /// queue is registered (PUSH admitted it) before.
+    /// Makes the limits `wanted` names the queue's (their token streams must exist
+    /// already); a limit it does not name stays. The queue is registered (PUSH admitted
+    /// it) before.
     ///
     /// # Errors
     /// 409/503 when the entry kept changing; `backend_error`.
-    pub async fn set_rate_limit(
+    pub async fn set_limits(
         &self,
         queue: &str,
-        limit: RateLimit,
+        wanted: Limits,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
         self.change_entry(queue, now, |meta| {
-            let changed = meta.rate_limit != Some(limit);
-            meta.rate_limit = Some(limit);
-            changed
+            let before = meta.limits();
+            meta.rate_limit = wanted.rate.or(meta.rate_limit);
+            meta.concurrency = wanted.concurrency.or(meta.concurrency);
+            meta.limits() != before
         })
         .await
         .map(drop)
+    }
+
+    /// Every queue with a concurrency limit, as this replica knows them.
+    pub fn concurrency_limited(&self) -> Vec<String> {
+        self.list()
+            .into_iter()
+            .filter(|m| m.concurrency.is_some())
+            .map(|m| m.name)
+            .collect()
     }
 
     /// Pauses or resumes `queue` (queue-ops: a queue never seen is registered, within

@@ -2,49 +2,204 @@
 //! in NATS: every job start publishes one message to the subject of its window, and NATS
 //! refuses the message once that subject holds `limit` of them (discard new per subject).
 //! So the limit holds across every replica with one publish per start and nothing to
-//! coordinate; queues without a limit never touch it.
+//! coordinate; queues without a limit never touch it. A concurrency limit works alike: a
+//! job's start stores a message (NATS refuses it once the queue holds `concurrency`), and
+//! the job's end deletes it; the leader frees places whose job died with them.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
+use async_nats::jetstream::ErrorCode;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
 
+use super::cas::Replica;
 use super::error::{backend, server_refused};
 use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
-use crate::domain::rate_limit::RateLimit;
+use crate::domain::rate_limit::{self, Limits, RateLimit};
+use crate::domain::requests::MAX_FETCH_WAIT_MS;
+
+/// A running place of a concurrency-limited queue: the job and dispatch that took it.
+#[derive(Serialize, Deserialize)]
+struct Slot {
+    id: String,
+    dispatch: u64,
+}
 
 impl Store {
     /// PUSH: makes each job's `rate_limit` its queue's before any of its messages exist —
-    /// the token stream first, then the registry entry every replica's FETCH follows. A
+    /// the token streams first, then the registry entry every replica's FETCH follows. A
     /// limit already in force costs a map lookup.
     ///
     /// # Errors
-    /// As the checks of `RateLimit::parse`; `backend_error` when NATS fails.
+    /// As the checks of `Limits::parse`; `backend_error` when NATS fails.
     pub(super) async fn ensure_rate_limits(
         &self,
         records: &[JobRecord],
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
-        let mut wanted: BTreeMap<&str, RateLimit> = BTreeMap::new();
+        let mut wanted: BTreeMap<&str, Limits> = BTreeMap::new();
         for rec in records {
             if let Some(raw) = &rec.job.rate_limit {
-                wanted.insert(&rec.job.queue, RateLimit::parse(raw, &rec.job.queue)?);
+                wanted.insert(&rec.job.queue, Limits::parse(raw, &rec.job.queue)?);
             }
         }
-        for (queue, limit) in wanted {
-            if self.inner.queues.rate_limit(queue) == Some(limit) {
-                continue;
+        let t = &self.inner.topology;
+        for (queue, limits) in wanted {
+            let current = self.inner.queues.limits(queue);
+            let rate = limits.rate.filter(|r| current.rate != Some(*r));
+            let concurrency = limits
+                .concurrency
+                .filter(|c| current.concurrency != Some(*c));
+            if let Some(rate) = rate {
+                ensure_stream(&self.inner.js, t.rate_stream_config(queue, rate)).await?;
             }
-            ensure_stream(
-                &self.inner.js,
-                self.inner.topology.rate_stream_config(queue, limit),
-            )
-            .await?;
-            self.inner.queues.set_rate_limit(queue, limit, now).await?;
+            if let Some(concurrency) = concurrency {
+                ensure_stream(&self.inner.js, t.slot_stream_config(queue, concurrency)).await?;
+            }
+            if rate.is_some() || concurrency.is_some() {
+                self.inner.queues.set_limits(queue, limits, now).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Every queue with a concurrency limit, as this replica knows them.
+    pub fn concurrency_limited_queues(&self) -> Vec<String> {
+        self.inner.queues.concurrency_limited()
+    }
+
+    /// How old a running place must be before the sweep may free it: older than any claim
+    /// still on its way (a FETCH takes no NATS step past its wait plus `nats_timeout_ms`,
+    /// and its record write takes at most one `nats_timeout_ms` more).
+    pub fn slot_grace(&self) -> Duration {
+        Duration::from_millis(MAX_FETCH_WAIT_MS) + 2 * self.inner.nats_timeout
+    }
+
+    /// FETCH: takes one of `queue`'s running places for dispatch `dispatch` of job `id`:
+    /// the sequence of its message in the concurrency stream, `None` when every place is
+    /// taken.
+    ///
+    /// # Errors
+    /// `backend_error` when NATS does not answer.
+    pub(super) async fn take_slot(
+        &self,
+        queue: &str,
+        id: &str,
+        dispatch: u64,
+    ) -> Result<Option<u64>, OjsError> {
+        let doing = "taking a place of a concurrency-limited queue";
+        let body = serde_json::to_vec(&Slot {
+            id: id.to_owned(),
+            dispatch,
+        })
+        .expect("slots serialize");
+        let ack = self
+            .inner
+            .js
+            .publish(self.inner.topology.slot_subject(queue), body.into())
+            .await
+            .map_err(backend(doing))?;
+        match ack.await {
+            Ok(ack) => Ok(Some(ack.sequence)),
+            Err(err) if server_refused(&err) => Ok(None),
+            Err(err) => Err(backend(doing)(err)),
+        }
+    }
+
+    /// Frees a running place of `queue` (its message `sequence`). Best effort: a place
+    /// left taken is freed by the leader's sweep (`sweep_slots`).
+    pub(super) async fn give_back_slot(&self, queue: &str, sequence: u64) {
+        let stream = self.inner.topology.slot_stream(queue);
+        let freed = match self.inner.js.get_stream_no_info(&stream).await {
+            Ok(stream) => match stream.delete_message(sequence).await {
+                Ok(_) => Ok(()),
+                // Freed already (by the sweep, or an earlier try whose answer was lost).
+                Err(err)
+                    if matches!(err.kind(), DeleteMessageErrorKind::JetStream(e)
+                        if e.error_code() == ErrorCode::NO_MESSAGE_FOUND) =>
+                {
+                    Ok(())
+                }
+                Err(err) => Err(err.to_string()),
+            },
+            Err(err) => Err(err.to_string()),
+        };
+        if let Err(err) = freed {
+            warn!(queue, sequence, error = %err, "could not free a running place; the leader's sweep will");
+        }
+    }
+
+    /// Leader: frees the running places of `queue` whose job no longer runs under them —
+    /// a FETCH or ACK that died between its place and its record, or a lost delete — once
+    /// older than `grace` (a claim still on its way may not have written its record yet).
+    /// Reads every place (at most the limit) and one record per place.
+    ///
+    /// # Errors
+    /// When NATS fails; the next sweep repeats it.
+    pub async fn sweep_slots(&self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
+        let doing = "reading the running places of a queue";
+        let stream = self
+            .inner
+            .js
+            .get_stream_no_info(self.inner.topology.slot_stream(queue))
+            .await
+            .map_err(backend(doing))?;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                deliver_policy: DeliverPolicy::All,
+                ack_policy: AckPolicy::None,
+                inactive_threshold: Duration::from_secs(10),
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend(doing))?;
+        let mut freed = 0;
+        let mut consumer = consumer;
+        let pending = consumer.info().await.map_err(backend(doing))?.num_pending;
+        let mut messages = consumer
+            .fetch()
+            .max_messages(pending.max(1) as usize)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .map_err(backend(doing))?;
+        let mut seen = 0;
+        while seen < pending {
+            let Some(message) = messages.next().await else {
+                break;
+            };
+            let message = message.map_err(backend(doing))?;
+            seen += 1;
+            let info = message.info().map_err(backend(doing))?;
+            let sequence = info.stream_sequence;
+            let age = Utc::now().timestamp_millis() as i128
+                - info.published.unix_timestamp_nanos() / 1_000_000;
+            if age < grace.as_millis() as i128 {
+                continue;
+            }
+            let Ok(slot) = serde_json::from_slice::<Slot>(&message.payload) else {
+                continue;
+            };
+            let held = self
+                .read(&slot.id, Replica::Leader)
+                .await?
+                .is_some_and(|(rec, _)| rate_limit::holds_slot(&rec, slot.dispatch, sequence));
+            if !held {
+                self.give_back_slot(queue, sequence).await;
+                freed += 1;
+            }
+        }
+        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
+        Ok(freed)
     }
 
     /// FETCH: spends one start of `queue`'s current window; `false` when the window has

@@ -184,6 +184,37 @@ impl Topology {
         }
     }
 
+    /// Prefix of the queues' concurrency streams, used only by the admin reset.
+    pub fn slot_stream_prefix(&self) -> String {
+        format!("{}-slots-", self.namespace)
+    }
+
+    /// A concurrency-limited queue's running jobs, one message each (`rate_limit.rs`).
+    pub fn slot_stream(&self, queue: &str) -> String {
+        format!("{}{}", self.slot_stream_prefix(), encode_queue(queue))
+    }
+
+    pub fn slot_subject(&self, queue: &str) -> String {
+        format!("{}.slot.{}", self.namespace, encode_queue(queue))
+    }
+
+    /// One message per job running: NATS refuses a start past the limit (discard new per
+    /// subject); a job's end deletes its message. Stored like the jobs (a NATS restart
+    /// must not forget which jobs run).
+    pub fn slot_stream_config(&self, queue: &str, concurrency: u64) -> stream::Config {
+        stream::Config {
+            name: self.slot_stream(queue),
+            subjects: vec![self.slot_subject(queue)],
+            retention: RetentionPolicy::Limits,
+            max_messages_per_subject: concurrency as i64,
+            discard: DiscardPolicy::New,
+            discard_new_per_subject: true,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
+    }
+
     /// One pull consumer per priority in use; FETCH asks them highest first.
     pub fn priority_consumer(priority: i32) -> String {
         format!("p{priority}")

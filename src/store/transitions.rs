@@ -160,15 +160,21 @@ impl Store {
         Err(gave_up("job", id, raced))
     }
 
-    /// After a job leaves `active`, its queue message is acknowledged through the subject
-    /// stored at claim time — from whichever replica runs this. Best effort: a lost ack
-    /// only means JetStream redelivers the message later, and FETCH drops it as spent.
+    /// After a job leaves `active`, its running place (under a concurrency limit) is freed
+    /// and its queue message acknowledged through the subject stored at claim time — from
+    /// whichever replica runs this. Best effort: a lost ack only means JetStream redelivers
+    /// the message later, and FETCH drops it as spent; a place left taken is freed by the
+    /// leader's sweep.
     pub(super) async fn release(&self, settled: &Settled) {
         let Some(holder) = &settled.before.holder else {
             return;
         };
         if settled.after.holder.is_some() {
             return;
+        }
+        if let Some(sequence) = holder.slot {
+            self.give_back_slot(&settled.after.job.queue, sequence)
+                .await;
         }
         if let Err(err) = self
             .inner

@@ -1,0 +1,42 @@
+//! Leader service: frees the running places of concurrency-limited queues whose job no
+//! longer runs under them (a gateway that died between a place and its record, or a lost
+//! delete; docs/architecture.md §3.19). Without it a queue could lose a place for good.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::store::Store;
+
+/// How often every limited queue's places are looked at.
+const EVERY: Duration = Duration::from_secs(2);
+
+pub struct SlotSweeper {
+    store: Store,
+}
+
+impl SlotSweeper {
+    pub fn new(store: Store) -> SlotSweeper {
+        SlotSweeper { store }
+    }
+
+    pub async fn run(self, cancel: CancellationToken) {
+        let grace = self.store.slot_grace();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(EVERY) => {}
+            }
+            for queue in self.store.concurrency_limited_queues() {
+                match self.store.sweep_slots(&queue, grace).await {
+                    Ok(0) => {}
+                    Ok(freed) => info!(queue, freed, "freed running places whose jobs had ended"),
+                    Err(err) => {
+                        warn!(queue, error = %err, "could not sweep a queue's running places")
+                    }
+                }
+            }
+        }
+    }
+}

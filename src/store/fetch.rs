@@ -259,7 +259,6 @@ impl Store {
     /// is stale. A job of a limited queue (`limits`) starts only with a start of its
     /// window and a free running place. Past `deadline` it starts no read or write, and
     /// fails (`record_claim` hands the message back).
-    #[allow(clippy::too_many_arguments)]
     async fn claim(
         &self,
         msg: &async_nats::jetstream::Message,

@@ -83,11 +83,7 @@ impl Store {
             return Ok(());
         }
         // Refused: aborted, or this very write still in flight (a stream leader change).
-        let now = cas::change(kv, &open.id, "batch", &open.id, |mark: Option<&Mark>| {
-            (mark == Some(&Mark::Open)).then_some(Mark::Committed)
-        })
-        .await?;
-        match now.value {
+        match self.leave_open(&open.id, Mark::Committed).await? {
             Some(Mark::Committed) => Ok(()),
             _ => Err(OjsError::new(
                 ErrorCode::BackendUnavailable,
@@ -101,12 +97,18 @@ impl Store {
 
     /// Aborts batch `id` unless it committed: its mark as it is afterwards.
     pub(super) async fn abort_batch(&self, id: &str) -> Result<Option<Mark>, OjsError> {
+        self.leave_open(id, Mark::Aborted).await
+    }
+
+    /// Moves batch `id`'s mark from `open` to `to` if it is still open: the mark as it is
+    /// afterwards (`to`, or what another writer made it first).
+    async fn leave_open(&self, id: &str, to: Mark) -> Result<Option<Mark>, OjsError> {
         let now = cas::change(
             &self.inner.batches,
             id,
             "batch",
             id,
-            |mark: Option<&Mark>| (mark == Some(&Mark::Open)).then_some(Mark::Aborted),
+            |mark: Option<&Mark>| (mark == Some(&Mark::Open)).then_some(to),
         )
         .await?;
         Ok(now.value)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Runs every ojs-jetstream test (unit, integration, doc tests):
 #
-#   scripts/test.sh [cargo test args]
+#   scripts/test.sh [test filters and cargo-nextest / cargo test args]
 #
 # Integration tests start their own nats-server; NATS_SERVER_BIN tells them which one
 # (an existing NATS_SERVER_BIN is kept, otherwise one is found or installed).
+#
+# With cargo-nextest installed, tests of every binary run side by side (the integration
+# tests mostly wait on NATS, and one binary's slowest test no longer holds up the next
+# binary); doc tests then run with `cargo test --doc`. Without it, `cargo test` runs all.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,4 +18,12 @@ NATS_SERVER_BIN="$("$repo/scripts/ensure-nats.sh" | tail -n 1)"
 export NATS_SERVER_BIN
 echo "test: using $NATS_SERVER_BIN ($("$NATS_SERVER_BIN" --version 2>&1 | head -n 1))" >&2
 
-exec cargo test "$@"
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "test: cargo-nextest not found, running cargo test" >&2
+    exec cargo test "$@"
+fi
+cargo nextest run --no-fail-fast "$@"
+# Doc tests only on a whole run: a filtered run asked for particular tests.
+if [[ $# -eq 0 ]]; then
+    cargo test --doc
+fi

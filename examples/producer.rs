@@ -1,6 +1,6 @@
 //! Enqueues demo jobs: `cargo run --release --example producer -- --url URL --queue Q
 //! --type T --count N [--args JSON]`. Uses batches when N > 1 and prints each job id on
-//! its own line.
+//! its own line. `OJS_API_KEY`, when set, is sent as the API key.
 
 #[path = "common/flags.rs"]
 mod flags;
@@ -18,7 +18,10 @@ async fn main() {
     let job_args: Value = flags.get("args").unwrap_or(Value::Array(vec![]));
     flags.finish();
 
-    let client = Client::new(&url);
+    let mut client = Client::new(&url);
+    if let Ok(key) = std::env::var("OJS_API_KEY") {
+        client = client.with_api_key(&key);
+    }
     let spec = || JobSpec::new(&job_type, job_args.clone()).queue(&queue);
     let result = if count == 1 {
         client.enqueue(spec()).await.map(|job| vec![job])

@@ -2,7 +2,8 @@
 //! --concurrency N [--grace-period SECS]`. Handles `demo.echo` (result = its args),
 //! `demo.sleep` (args[0] = milliseconds; heartbeats while it sleeps) and `demo.fail`
 //! (always fails with type `DemoError`). Prints `worker state: <state>` on every lifecycle
-//! change and `worker stopped: jobs_completed=N` on exit.
+//! change and `worker stopped: jobs_completed=N` on exit. `OJS_API_KEY`, when set, is sent
+//! as the API key.
 
 #[path = "common/flags.rs"]
 mod flags;
@@ -31,6 +32,9 @@ async fn main() {
     flags.finish();
 
     let mut worker = Worker::new(cfg);
+    if let Ok(key) = std::env::var("OJS_API_KEY") {
+        worker.api_key(&key);
+    }
     worker
         .register("demo.echo", |ctx: JobContext| async move { Ok(ctx.args) })
         .register("demo.sleep", |ctx: JobContext| async move {

@@ -16,8 +16,9 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::coordinator::Coordinator;
 use crate::domain::error::OjsError;
+use crate::http::auth::Keys;
 use crate::http::{router, AppState};
-use crate::store::Store;
+use crate::store::{connection, Store};
 use crate::telemetry::metrics::Metrics;
 
 /// Runs a gateway on `listener` until `shutdown` resolves.
@@ -31,9 +32,13 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), OjsError> {
+    let keys = Keys::from_config(&config).map_err(OjsError::backend)?;
+    let options = connection::options(&config)
+        .await
+        .map_err(OjsError::backend)?;
     let shutdown = shutdown.shared();
     let store = tokio::select! {
-        store = connect(&config) => store,
+        store = connect(&config, options) => store,
         _ = shutdown.clone() => return Ok(()),
     };
     let cancel = CancellationToken::new();
@@ -49,6 +54,7 @@ pub async fn run(
         store,
         config,
         metrics,
+        keys,
         started: Instant::now(),
     });
     let addr = listener
@@ -86,10 +92,10 @@ pub async fn run(
 
 /// Connects and sets up the topology, retrying while NATS is not there yet (a cluster still
 /// forming, a server restarting); every failed try is logged with its reason.
-async fn connect(config: &Config) -> Store {
+async fn connect(config: &Config, options: async_nats::ConnectOptions) -> Store {
     let mut delay = Duration::from_millis(250);
     loop {
-        match Store::connect(config).await {
+        match Store::connect(config, options.clone()).await {
             Ok(store) => return store,
             Err(err) => {
                 warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "NATS is not ready");

@@ -10,6 +10,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use crate::failpoint::Failpoints;
+use crate::http::auth::ApiKeys;
 
 /// Every setting, with its default. `config/ojs-jetstream.toml` documents each one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +87,35 @@ pub struct Config {
     /// At most 9,000,000, so system timers keep 1,000,000 below the scheduler consumer's
     /// `max_ack_pending`.
     pub max_pending_timers: u64,
+    /// API keys a client sends as `Authorization: Bearer <key>`; when any is set, every route
+    /// but the open ones needs one (401 otherwise). Each is the key itself (at least 32
+    /// characters, e.g. `openssl rand -hex 32`) or `sha256:<64 hex digits>`, its SHA-256, so
+    /// the file need not hold the key. A list, or comma-separated (`OJS_API_KEYS`); several
+    /// keys at once let a key be rotated without downtime.
+    pub api_keys: KeyList,
+    /// Keys for the admin routes (`/ojs/v1/admin/…`, queue pause and resume, dead-letter
+    /// delete, bulk operations); the `api_keys` then get 403 there. Empty: the admin routes
+    /// take the `api_keys`.
+    pub admin_api_keys: KeyList,
+    /// `/ojs/v1/health` and `/metrics` answer without a key (load balancers, Prometheus).
+    pub open_health_and_metrics: bool,
+    /// NATS user name, with `nats_password` (the server's `authorization { user, password }`).
+    pub nats_user: String,
+    pub nats_password: Secret,
+    /// NATS token (`authorization { token }`).
+    pub nats_token: Secret,
+    /// NATS nkey seed (`SU…`) of a user the server lists by its public key.
+    pub nats_nkey_seed: Secret,
+    /// NATS credentials file (a user JWT and its seed, from `nsc` or a NATS provider); read
+    /// once at start.
+    pub nats_credentials_file: String,
+    /// CA certificate (PEM) that signed the NATS server's certificate, when not a public CA.
+    pub nats_tls_ca_file: String,
+    /// Client certificate and key (PEM) for a NATS server that verifies clients (mutual TLS).
+    pub nats_tls_cert_file: String,
+    pub nats_tls_key_file: String,
+    /// Connect with TLS even to `nats://` URLs (`tls://` URLs always do).
+    pub nats_tls_required: bool,
     /// Fault-injection points for tests (`name=panic|exit`, comma-separated); empty in
     /// production. See `failpoint.rs`.
     pub failpoints: String,
@@ -130,8 +160,77 @@ impl Default for Config {
             idle_puller_ms: 300_000,
             timer_horizon_ms: 60_000,
             max_pending_timers: 5_000_000,
+            api_keys: KeyList::default(),
+            admin_api_keys: KeyList::default(),
+            open_health_and_metrics: true,
+            nats_user: String::new(),
+            nats_password: Secret::default(),
+            nats_token: Secret::default(),
+            nats_nkey_seed: Secret::default(),
+            nats_credentials_file: String::new(),
+            nats_tls_ca_file: String::new(),
+            nats_tls_cert_file: String::new(),
+            nats_tls_key_file: String::new(),
+            nats_tls_required: false,
             failpoints: String::new(),
         }
+    }
+}
+
+/// A secret setting (a NATS password, token or seed): `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn is_set(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_set() { "<secret>" } else { "<unset>" })
+    }
+}
+
+/// API keys as set: a list, or one comma-separated string (as `OJS_API_KEYS` gives them).
+/// `Debug` shows how many, never a key.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ListOrText", into = "Vec<String>")]
+pub struct KeyList(pub Vec<String>);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ListOrText {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl From<ListOrText> for KeyList {
+    fn from(value: ListOrText) -> Self {
+        let keys = match value {
+            ListOrText::List(keys) => keys,
+            ListOrText::Text(text) => text.split(',').map(str::to_owned).collect(),
+        };
+        KeyList(
+            keys.iter()
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect(),
+        )
+    }
+}
+
+impl From<KeyList> for Vec<String> {
+    fn from(keys: KeyList) -> Self {
+        keys.0
+    }
+}
+
+impl std::fmt::Debug for KeyList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} keys>", self.0.len())
     }
 }
 
@@ -335,6 +434,35 @@ impl Config {
         }
         if let Err(reason) = self.nats_servers() {
             return invalid("nats_url", &reason);
+        }
+        for (field, keys) in [
+            ("api_keys", &self.api_keys),
+            ("admin_api_keys", &self.admin_api_keys),
+        ] {
+            if let Err(reason) = ApiKeys::parse(&keys.0) {
+                return invalid(field, &reason);
+            }
+        }
+        let ways = [
+            !self.nats_user.is_empty(),
+            self.nats_token.is_set(),
+            self.nats_nkey_seed.is_set(),
+            !self.nats_credentials_file.is_empty(),
+        ];
+        if ways.iter().filter(|set| **set).count() > 1 {
+            return invalid(
+                "nats_user",
+                "set one of nats_user, nats_token, nats_nkey_seed and nats_credentials_file",
+            );
+        }
+        if self.nats_password.is_set() && self.nats_user.is_empty() {
+            return invalid("nats_password", "needs nats_user");
+        }
+        if self.nats_tls_cert_file.is_empty() != self.nats_tls_key_file.is_empty() {
+            return invalid(
+                "nats_tls_cert_file",
+                "nats_tls_cert_file and nats_tls_key_file go together",
+            );
         }
         Ok(())
     }
@@ -574,5 +702,64 @@ mod tests {
             assert_eq!(cfg.namespace, "envns");
             Ok(())
         });
+    }
+
+    // figment's Jail API fixes the closure's error type; its size is not ours to choose.
+    #[allow(clippy::result_large_err)]
+    #[test]
+    fn api_keys_come_as_a_list_or_comma_separated_and_short_ones_are_refused() {
+        const A: &str = "0123456789abcdef0123456789abcdef";
+        const B: &str = "fedcba9876543210fedcba9876543210";
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", &format!("api_keys = [\"{A}\", \"{B}\"]"))?;
+            let cfg = Config::load_from(Path::new("c.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.api_keys.0, [A, B]);
+            jail.set_env("OJS_ADMIN_API_KEYS", format!("{A}, {B},"));
+            let cfg = Config::load_from(Path::new("c.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.admin_api_keys.0, [A, B]);
+            assert!(!format!("{cfg:?}").contains(A), "Debug shows no key");
+            jail.set_env("OJS_API_KEYS", "too-short");
+            let err = Config::load_from(Path::new("c.toml")).unwrap_err();
+            assert!(err.to_string().contains("api_keys"), "{err}");
+            assert!(!err.to_string().contains("too-short"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn one_way_to_authenticate_to_nats_and_tls_files_in_pairs() {
+        let both = Config {
+            nats_user: "ojs".into(),
+            nats_token: Secret("t".into()),
+            ..Config::default()
+        };
+        assert!(both.validate().is_err());
+        let password_alone = Config {
+            nats_password: Secret("p".into()),
+            ..Config::default()
+        };
+        assert!(password_alone.validate().is_err());
+        let cert_alone = Config {
+            nats_tls_cert_file: "client.pem".into(),
+            ..Config::default()
+        };
+        assert!(cert_alone.validate().is_err());
+        let secret = Config {
+            nats_user: "ojs".into(),
+            nats_password: Secret("hunter2-hunter2".into()),
+            ..Config::default()
+        };
+        secret.validate().unwrap();
+        assert!(!format!("{secret:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_shipped_settings_file_reads_and_holds_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/ojs-jetstream.toml");
+        let file: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file_exact(path))
+            .extract()
+            .unwrap();
+        assert_eq!(file, Config::default());
     }
 }

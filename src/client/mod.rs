@@ -159,6 +159,8 @@ impl<'a> EnqueueNext<'a> {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// `Authorization: Bearer <key>` for a server that asks for API keys.
+    authorization: Option<reqwest::header::HeaderValue>,
     enqueue_chain: Chain<dyn EnqueueMiddleware>,
 }
 
@@ -167,8 +169,22 @@ impl Client {
         Client {
             http: reqwest::Client::new(),
             base: base_url.trim_end_matches('/').to_owned(),
+            authorization: None,
             enqueue_chain: Chain::default(),
         }
+    }
+
+    /// Sends `key` with every request, for a server that asks for API keys.
+    ///
+    /// # Panics
+    /// When `key` cannot be a header value (a control character in it).
+    #[must_use]
+    pub fn with_api_key(mut self, key: &str) -> Client {
+        let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {key}"))
+            .expect("an API key without control characters");
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        self
     }
 
     /// The enqueue middleware chain, to add, remove or insert middleware.
@@ -359,6 +375,9 @@ impl Client {
         body: Option<Value>,
     ) -> Result<Value, ClientError> {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(authorization) = &self.authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, authorization.clone());
+        }
         if let Some(body) = body {
             req = req
                 .header("content-type", "application/openjobspec+json")

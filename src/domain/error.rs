@@ -21,6 +21,10 @@ pub enum ErrorCode {
     Unsupported,
     /// The request body is larger than the configured limit.
     EnvelopeTooLarge,
+    /// No API key, or one that is not valid (security spec §6): 401.
+    Unauthenticated,
+    /// A valid key without the right to the route (an API key on an admin route): 403.
+    PermissionDenied,
     /// A bound on pending work is reached (backpressure spec §7): too many pending timers.
     QueueFull,
     /// NATS failed or timed out; retrying may succeed.
@@ -39,6 +43,8 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::EnvelopeTooLarge => "envelope_too_large",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::PermissionDenied => "permission_denied",
             ErrorCode::QueueFull => "queue_full",
             ErrorCode::BackendError | ErrorCode::BackendUnavailable => "backend_error",
         }
@@ -63,6 +69,10 @@ impl ErrorCode {
             ErrorCode::Conflict => "Read the job's current state before retrying the operation.",
             ErrorCode::Unsupported => "Use OJS-Version 1.0.",
             ErrorCode::EnvelopeTooLarge => "Send a smaller body, or store large data elsewhere.",
+            ErrorCode::Unauthenticated => {
+                "Send a valid API key as Authorization: Bearer <key>; ask the operator for one."
+            }
+            ErrorCode::PermissionDenied => "Use an admin API key for this route.",
             ErrorCode::QueueFull => {
                 "Retry after the Retry-After delay with backoff; scheduled jobs are admitted again as pending ones come due."
             }

@@ -30,6 +30,8 @@ pub fn status(e: &OjsError) -> StatusCode {
         ErrorCode::Duplicate | ErrorCode::Conflict => StatusCode::CONFLICT,
         ErrorCode::Unsupported => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::EnvelopeTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::BackendError => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::BackendUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -68,6 +70,13 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        if self.0.code == ErrorCode::Unauthenticated {
+            // Required with every 401 (errors spec §5.1).
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"ojs\""),
             );
         }
         // The middleware re-renders the body with the request id, and logs server errors.

@@ -2,6 +2,7 @@
 //! (content type, `OJS-Version`, `X-Request-Id`, error bodies) and request metrics.
 
 mod admin;
+pub mod auth;
 mod bulk;
 mod cron;
 mod dead_letter;
@@ -42,6 +43,8 @@ pub struct AppState {
     pub store: Store,
     pub config: Config,
     pub metrics: Metrics,
+    /// The API keys the routes ask for.
+    pub keys: auth::Keys,
     pub started: Instant,
 }
 
@@ -95,6 +98,10 @@ pub fn router(state: SharedState) -> Router {
     api.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), conventions))
         .with_state(state)
 }

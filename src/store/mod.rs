@@ -4,6 +4,7 @@
 mod batches;
 mod bulk;
 mod cas;
+pub mod connection;
 mod cron;
 mod dead_letter;
 mod enqueue;
@@ -141,21 +142,19 @@ impl Store {
     ///
     /// # Errors
     /// When NATS is unreachable or refuses the topology.
-    pub async fn connect(cfg: &Config) -> Result<Store, OjsError> {
+    pub async fn connect(
+        cfg: &Config,
+        options: async_nats::ConnectOptions,
+    ) -> Result<Store, OjsError> {
         let servers = cfg.nats_servers().map_err(|reason| {
             OjsError::new(ErrorCode::BackendUnavailable, format!("nats_url: {reason}"))
         })?;
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("{} gateway", cfg.service_name))
-            .request_timeout(Some(Duration::from_millis(cfg.nats_timeout_ms)))
-            .connect(servers)
-            .await
-            .map_err(|e| {
-                OjsError::new(
-                    ErrorCode::BackendUnavailable,
-                    format!("cannot connect to NATS at {}: {e}", cfg.nats_url),
-                )
-            })?;
+        let client = options.connect(servers).await.map_err(|e| {
+            OjsError::new(
+                ErrorCode::BackendUnavailable,
+                format!("cannot connect to NATS at {}: {e}", cfg.nats_url),
+            )
+        })?;
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_millis(cfg.nats_timeout_ms))
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)

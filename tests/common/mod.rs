@@ -34,17 +34,29 @@ fn store_dir() -> tempfile::TempDir {
 /// A nats-server child process; killed and its store removed on drop.
 pub struct NatsServer {
     child: Option<Child>,
-    dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
     pub port: u16,
     pub url: String,
-    /// Its `server_name` and cluster options, when it is a node of a [`NatsCluster`].
+    /// Its `server_name`, when it is a node of a [`NatsCluster`].
     pub name: String,
-    cluster_args: Vec<String>,
+    /// Options beyond the defaults: a cluster node's, or a configuration file.
+    extra_args: Vec<String>,
 }
 
 impl NatsServer {
     pub fn start() -> NatsServer {
+        NatsServer::start_with_config("")
+    }
+
+    /// A server that also reads `config` (nats-server's configuration format): accounts,
+    /// authorization, TLS. Its directory (`dir`) is where the test puts files it names.
+    pub fn start_with_config(config: &str) -> NatsServer {
         let mut server = NatsServer::unstarted();
+        if !config.is_empty() {
+            let path = server.dir.path().join("nats.conf");
+            std::fs::write(&path, config).expect("nats-server configuration");
+            server.extra_args = vec!["-c".into(), path.display().to_string()];
+        }
         // A free port can be taken by another test before nats-server binds it; then the
         // server exits and a new port is tried.
         for _ in 0..5 {
@@ -64,7 +76,7 @@ impl NatsServer {
             port: 0,
             url: String::new(),
             name: String::new(),
-            cluster_args: Vec::new(),
+            extra_args: Vec::new(),
         }
     }
 
@@ -83,7 +95,7 @@ impl NatsServer {
             .arg(self.dir.path())
             .arg("--ports_file_dir")
             .arg(self.dir.path())
-            .args(&self.cluster_args)
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -206,7 +218,7 @@ impl NatsCluster {
             node.name = format!("n{}", i + 1);
             node.port = free_port();
             node.url = format!("nats://127.0.0.1:{}", node.port);
-            node.cluster_args = [
+            node.extra_args = [
                 "--server_name",
                 &node.name,
                 "--cluster_name",
@@ -351,7 +363,8 @@ pub async fn spawn_app_with(config: Config) -> TestApp {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if let Ok(r) = app.http.get(app.url("/ojs/v1/health")).send().await {
-            if r.status() == StatusCode::OK {
+            // 401: health asks for an API key (`open_health_and_metrics = false`).
+            if r.status() == StatusCode::OK || r.status() == StatusCode::UNAUTHORIZED {
                 break;
             }
         }
@@ -402,6 +415,22 @@ impl TestApp {
     /// Another handle for requests to this gateway (for a spawned task).
     pub fn client(&self) -> TestApp {
         TestApp::at(&self.base)
+    }
+
+    /// A handle whose requests carry `Authorization: Bearer <key>`.
+    pub fn keyed(&self, key: &str) -> TestApp {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {key}").parse().unwrap(),
+        );
+        TestApp {
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+            ..TestApp::at(&self.base)
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -145,6 +145,7 @@ mod tests {
             visible_until: at(visible_ms),
             last_beat: None,
             slot: None,
+            visibility_ms: None,
         });
         rec
     }

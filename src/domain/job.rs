@@ -154,6 +154,10 @@ pub struct Holder {
     /// under a concurrency limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<u64>,
+    /// The reservation the claim gave, in milliseconds: a heartbeat that asks for none
+    /// extends by it (the JavaScript OJS client's beats carry no timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_ms: Option<u64>,
 }
 
 /// What the write that produced a record did; the events of that write follow from it alone.

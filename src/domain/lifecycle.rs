@@ -84,6 +84,7 @@ pub fn claim(
         visible_until: time::add(now, visibility),
         last_beat: None,
         slot: None,
+        visibility_ms: Some(visibility.as_millis() as u64),
     });
     next.transition = Transition::Started;
     Ok(next)

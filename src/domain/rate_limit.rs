@@ -256,6 +256,7 @@ mod tests {
             visible_until: crate::domain::fixtures::now(),
             last_beat: None,
             slot: Some(7),
+            visibility_ms: None,
         });
         assert!(holds_slot(&rec, 1, 7));
         assert!(!holds_slot(&rec, 1, 8), "another place");

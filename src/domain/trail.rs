@@ -183,6 +183,7 @@ mod tests {
             visible_until: Utc::now(),
             last_beat: Some(Utc::now()),
             slot: None,
+            visibility_ms: None,
         });
         for _ in 0..MAX_TRAIL_STEPS {
             rec.trail = carry(&rec, u64::MAX, 0);

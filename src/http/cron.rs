@@ -1,13 +1,16 @@
 //! Cron registrations (HTTP binding §13, cron spec §8): register (upsert), list, get, delete.
-//! Responses carry `cron`/`crons` (the suites' names) and `cron_job`/`cron_jobs` (the spec's).
+//! Responses carry `cron`/`crons` (the suites' names) and `cron_job`/`cron_jobs` (the spec's),
+//! and each entry the field names OJS clients read beside the spec's (`describe`).
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::Utc;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::extract::JsonObject;
+use super::extract::{pagination, paging, JsonObject};
 use super::{respond, ApiError, SharedState};
 use crate::domain::cron::{is_entry_name, CronEntry};
 use crate::domain::error::OjsError;
@@ -24,18 +27,36 @@ pub async fn register(
     } else {
         StatusCode::OK
     };
+    let entry = describe(&entry);
     Ok(respond(
         status,
         &json!({ "cron": entry, "cron_job": entry }),
     ))
 }
 
-pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let (limit, offset) = paging(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
     let entries = state.store.cron_entries();
-    let count = entries.len();
+    let page: Vec<Value> = entries
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(describe)
+        .collect();
     Ok(respond(
         StatusCode::OK,
-        &json!({ "crons": entries, "cron_jobs": entries, "count": count }),
+        &json!({
+            "count": entries.len(),
+            "pagination": pagination(entries.len(), limit, offset, page.len()),
+            "crons": page,
+            "cron_jobs": page,
+        }),
     ))
 }
 
@@ -43,7 +64,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = state.store.cron_entry(entry_name(&name)?).await?;
+    let entry = describe(&state.store.cron_entry(entry_name(&name)?).await?);
     Ok(respond(
         StatusCode::OK,
         &json!({ "cron": entry, "cron_job": entry }),
@@ -54,11 +75,26 @@ pub async fn delete(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = state.store.delete_cron(entry_name(&name)?).await?;
+    let entry = describe(&state.store.delete_cron(entry_name(&name)?).await?);
     Ok(respond(
         StatusCode::OK,
-        &json!({ "cron": entry, "deleted": true, "name": name }),
+        &json!({ "cron": entry, "cron_job": entry, "deleted": true, "name": name }),
     ))
+}
+
+/// An entry as answered: its fields, and the names the OJS client libraries read —
+/// `cron` (the expression), `type`, `args` and `options` (of the job template) and
+/// `status` (`active` or `paused`).
+fn describe(entry: &CronEntry) -> Value {
+    let mut answer = serde_json::to_value(entry).expect("cron entries serialize");
+    answer["cron"] = json!(entry.expression);
+    for field in ["type", "args", "options"] {
+        if let Some(value) = entry.job_template.get(field) {
+            answer[field] = value.clone();
+        }
+    }
+    answer["status"] = json!(if entry.enabled { "active" } else { "paused" });
+    answer
 }
 
 /// A path segment that cannot be an entry's name names none (404); it never becomes a key.

@@ -105,3 +105,34 @@ pub fn query_number(
             }),
     }
 }
+
+/// The page a listing asks for, as `(limit, offset)`: `limit` and `offset`, or `page` (from
+/// 1) and `per_page` as some OJS clients send them.
+///
+/// # Errors
+/// A parameter that is not a number in range (400 naming it).
+pub fn paging(
+    params: &std::collections::HashMap<String, String>,
+    default_limit: usize,
+    max_limit: usize,
+) -> Result<(usize, usize), OjsError> {
+    if params.contains_key("page") || params.contains_key("per_page") {
+        let per_page = query_number(params, "per_page", default_limit, max_limit)?.max(1);
+        let page = query_number(params, "page", 1, usize::MAX / per_page)?.max(1);
+        return Ok((per_page, (page - 1) * per_page));
+    }
+    let limit = query_number(params, "limit", default_limit, max_limit)?.max(1);
+    Ok((limit, query_number(params, "offset", 0, usize::MAX)?))
+}
+
+/// A listing's `pagination` object, in both vocabularies clients read.
+pub fn pagination(total: usize, limit: usize, offset: usize, returned: usize) -> serde_json::Value {
+    serde_json::json!({
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+        "has_more": offset.saturating_add(returned) < total,
+        "page": offset / limit + 1,
+        "per_page": limit,
+    })
+}

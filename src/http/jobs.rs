@@ -113,7 +113,8 @@ pub async fn info(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let job = state.store.info(&job_id(&id)?).await?;
-    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+    let job = serde_json::to_value(&job).expect("jobs serialize");
+    Ok(respond(StatusCode::OK, &bare_too(job)))
 }
 
 pub async fn cancel(
@@ -123,7 +124,14 @@ pub async fn cancel(
     let settled = state.store.cancel(&job_id(&id)?).await?;
     let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
     job["previous_state"] = json!(settled.before.job.state);
-    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+    Ok(respond(StatusCode::OK, &bare_too(job)))
+}
+
+/// A single job's answer: `{"job": …}` for the suites, its fields also at the top level for
+/// clients that read a bare job (the Rust OJS client). A failed attempt's `error` stays
+/// inside `job`: clients take a top-level `error` for a failed request.
+fn bare_too(job: Value) -> Value {
+    super::wrapped_and_bare("job", job, &["error"])
 }
 
 pub async fn activate(

@@ -117,12 +117,32 @@ pub fn respond<T: Serialize>(status: StatusCode, body: &T) -> Response {
     response
 }
 
+/// `{key: object}` with the object's fields also at the top level, but `except`: the body
+/// the suites read (wrapped) and the one OJS client libraries read (bare) at once
+/// (clients.md items 14-16).
+pub fn wrapped_and_bare(
+    key: &str,
+    object: serde_json::Value,
+    except: &[&str],
+) -> serde_json::Value {
+    let mut body = match &object {
+        serde_json::Value::Object(fields) => fields.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for field in except {
+        body.remove(*field);
+    }
+    body.insert(key.to_owned(), object);
+    serde_json::Value::Object(body)
+}
+
 async fn not_found(req: Request) -> ApiError {
     OjsError::new(
         ErrorCode::NotFound,
         format!("No endpoint at {} {}.", req.method(), req.uri().path()),
     )
     .with_detail("resource_type", "route")
+    .with_detail("resource_id", truncated(req.uri().path()))
     .into()
 }
 
@@ -153,6 +173,7 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         .map_or("unmatched", |p| p.as_str())
         .to_owned();
     let method = req.method().clone();
+    let plain_json = wants_plain_json(req.headers());
     let version = req
         .headers()
         .get("ojs-version")
@@ -199,6 +220,15 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         );
     }
     let headers = response.headers_mut();
+    if plain_json
+        && headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes())
+            == Some(OJS_MEDIA_TYPE.as_bytes())
+    {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
     headers.insert("ojs-version", HeaderValue::from_static("1.0"));
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         headers.insert("x-request-id", v);
@@ -210,6 +240,23 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         started.elapsed(),
     );
     response
+}
+
+/// Whether `Accept` names `application/json` and not the OJS media type: such clients (the
+/// Python OJS client, asked to) read only bodies labelled `application/json`, so JSON
+/// responses are labelled so for them; everyone else gets the OJS media type.
+fn wants_plain_json(headers: &axum::http::HeaderMap) -> bool {
+    let mut json = false;
+    for accept in headers.get_all(header::ACCEPT) {
+        for media in accept.to_str().unwrap_or("").split(',') {
+            let media = media.split(';').next().unwrap_or("").trim();
+            if media.eq_ignore_ascii_case(OJS_MEDIA_TYPE) {
+                return false;
+            }
+            json |= media.eq_ignore_ascii_case("application/json");
+        }
+    }
+    json
 }
 
 /// Reads a path id as a job id; anything else names no job (404) and never reaches NATS,

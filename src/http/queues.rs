@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::extract::query_number;
+use super::extract::{pagination, paging};
 use super::{respond, ApiError, SharedState};
 use crate::domain::envelope::validate_queue;
 use crate::domain::state::JobState;
@@ -27,8 +27,7 @@ pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let limit = query_number(&params, "limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
-    let offset = query_number(&params, "offset", 0, usize::MAX)?;
+    let (limit, offset) = paging(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
     let all = state.store.queues();
     let total = all.len();
     let page: Vec<Value> = all
@@ -44,12 +43,11 @@ pub async fn list(
             })
         })
         .collect();
-    let has_more = offset.saturating_add(page.len()) < total;
     Ok(respond(
         StatusCode::OK,
         &json!({
+            "pagination": pagination(total, limit, offset, page.len()),
             "queues": page,
-            "pagination": {"total": total, "limit": limit, "offset": offset, "has_more": has_more},
         }),
     ))
 }

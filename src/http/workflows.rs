@@ -54,9 +54,7 @@ pub async fn cancel(
 
 /// `{"workflow": w}` with `w`'s fields also at the top level.
 fn answer(described: Map<String, Value>) -> Value {
-    let mut body = described.clone();
-    body.insert("workflow".into(), Value::Object(described));
-    Value::Object(body)
+    super::wrapped_and_bare("workflow", Value::Object(described), &[])
 }
 
 fn describe(view: &WorkflowView) -> Map<String, Value> {

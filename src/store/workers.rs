@@ -80,7 +80,9 @@ impl Store {
         let extended = beat.active_job_ids.iter().map(|id| async move {
             let settled = self
                 .transition(id, |rec, now| {
+                    let claimed = rec.holder.as_ref().and_then(|h| h.visibility_ms);
                     let vis = visibility
+                        .or(claimed.map(Duration::from_millis))
                         .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
                         .unwrap_or(default_visibility);
                     Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))

@@ -1,0 +1,289 @@
+//! What the official OJS client libraries (Python, JavaScript, Rust) send and read, each
+//! request recorded in the shape `docs/clients.md` of the shared documents gives, served
+//! without changing what the conformance suites see.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, spawn_app, NatsServer, TestApp};
+use serde_json::{json, Value};
+
+const OJS: &str = "application/openjobspec+json";
+
+async fn send(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, String, Value) {
+    let mut req = app.http.request(method, app.url(path));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    if let Some(body) = body {
+        req = req.body(body.to_string());
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = resp.bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    };
+    (status, content_type, body)
+}
+
+#[tokio::test]
+async fn responses_are_labelled_application_json_for_clients_that_accept_only_that() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let post = reqwest::Method::POST;
+    let job = json!({"type": "email.send", "args": ["a@example.com"]});
+    // The Python client asked for plain JSON: success and error bodies are labelled so.
+    let python = [
+        ("accept", "application/json"),
+        ("content-type", "application/json"),
+    ];
+    let (status, content_type, body) = send(
+        &app,
+        post.clone(),
+        "/ojs/v1/jobs",
+        &python,
+        Some(job.clone()),
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (201, "application/json"));
+    assert_eq!(body["job"]["type"], "email.send");
+    let (status, content_type, body) = send(
+        &app,
+        reqwest::Method::GET,
+        "/ojs/v1/jobs/019a0000-0000-7000-8000-000000000000",
+        &python,
+        None,
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (404, "application/json"));
+    assert_eq!(body["error"]["code"], "not_found");
+    // Weighted lists and parameters are read too.
+    let (_, content_type, _) = send(
+        &app,
+        post.clone(),
+        "/ojs/v1/jobs",
+        &[("accept", "text/html;q=0.5, application/json; charset=utf-8")],
+        Some(job.clone()),
+    )
+    .await;
+    assert_eq!(content_type, "application/json");
+    // The OJS media type wins whenever it is accepted; no Accept gets it too (the suites).
+    for accept in [
+        Some(OJS),
+        Some("application/json, application/openjobspec+json"),
+        None,
+    ] {
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let (status, content_type, _) = send(
+            &app,
+            post.clone(),
+            "/ojs/v1/jobs",
+            &headers,
+            Some(job.clone()),
+        )
+        .await;
+        assert_eq!(
+            (status, content_type.as_str()),
+            (201, OJS),
+            "Accept {accept:?}"
+        );
+    }
+    // Prometheus text stays text.
+    let (_, content_type, _) = send(
+        &app,
+        reqwest::Method::GET,
+        "/metrics",
+        &[("accept", "application/json")],
+        None,
+    )
+    .await;
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+}
+
+#[tokio::test]
+async fn empty_bodied_posts_and_bodiless_gets_with_a_content_type_are_served() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let empty = [("content-type", OJS), ("content-length", "0")];
+    let id = app
+        .enqueue(json!({"type": "t.dead", "args": [], "options": {"queue": "py", "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}}))
+        .await;
+    app.fetch(&["py"], "w").await;
+    let r = app
+        .fail(json!({"job_id": id, "error": {"type": "Boom", "message": "no"}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    for path in ["/ojs/v1/queues/py/pause", "/ojs/v1/queues/py/resume"] {
+        let (status, _, body) = send(&app, reqwest::Method::POST, path, &empty, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let (status, _, body) = send(
+        &app,
+        reqwest::Method::POST,
+        &format!("/ojs/v1/dead-letter/{id}/retry"),
+        &empty,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = send(
+        &app,
+        reqwest::Method::GET,
+        &format!("/ojs/v1/jobs/{id}"),
+        &[("content-type", OJS)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["job"]["state"].as_str()),
+        (200, Some("available"))
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json_errors_naming_the_path() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app.get("/ojs/v1/no/such/route").await;
+    r.assert_error(404, "not_found");
+    assert_eq!(r.body["error"]["details"]["resource_type"], "route");
+    assert_eq!(
+        r.body["error"]["details"]["resource_id"],
+        "/ojs/v1/no/such/route"
+    );
+    app.delete("/ojs/v1/workers/fetch")
+        .await
+        .assert_error(405, "invalid_request");
+}
+
+#[tokio::test]
+async fn a_single_job_reads_wrapped_and_bare_and_a_failed_attempts_error_stays_inside() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(json!({"type": "t.bare", "args": [7], "options": {"queue": "bare", "retry": {"max_attempts": 2, "initial_interval": "PT60S"}}}))
+        .await;
+    app.fetch(&["bare"], "w").await;
+    app.fail(json!({"job_id": id, "error": {"type": "Boom", "message": "no"}}))
+        .await;
+    let r = app.get(&format!("/ojs/v1/jobs/{id}")).await;
+    assert_eq!(r.status, 200);
+    // The Rust client reads these at the top level, the suites under `job`.
+    for field in [
+        "id",
+        "type",
+        "state",
+        "args",
+        "attempt",
+        "queue",
+        "created_at",
+    ] {
+        assert_eq!(r.body[field], r.body["job"][field], "{field}");
+    }
+    assert_eq!(r.body["state"], "retryable");
+    assert_eq!(r.body["job"]["error"]["type"], "Boom");
+    assert!(
+        r.body.get("error").is_none(),
+        "a 200 carries no top-level error"
+    );
+    let r = app.delete(&format!("/ojs/v1/jobs/{id}")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["state"], "cancelled");
+    assert_eq!(r.body["previous_state"], "retryable");
+    assert_eq!(r.body["job"]["state"], "cancelled");
+}
+
+#[tokio::test]
+async fn a_beat_without_a_timeout_extends_by_what_the_fetch_asked_for() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(json!({"type": "t.js", "args": [], "options": {"queue": "js"}}))
+        .await;
+    // Both clients fetch with a visibility timeout (here 1 s; they send 30 s).
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["js"], "count": 1, "worker_id": "w-js", "visibility_timeout_ms": 1000}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"][0]["id"], id.as_str());
+    // The JavaScript client's beat: no visibility_timeout_ms.
+    let beat = json!({"worker_id": "w-js", "state": "running", "active_jobs": 1,
+        "active_job_ids": [id], "hostname": "h", "pid": 1, "queues": ["js"],
+        "concurrency": 1, "labels": []});
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let r = app.post("/ojs/v1/workers/heartbeat", beat.clone()).await;
+        assert_eq!(r.body["jobs_extended"], json!([id]), "{}", r.body);
+    }
+    // Extended by 1 s each time (not the server's 30 minutes): silence lets it lapse.
+    let silent = Instant::now();
+    eventually(Duration::from_secs(3), "the lapse", || async {
+        (app.job(&id).await["state"] == "available").then_some(())
+    })
+    .await;
+    assert!(
+        silent.elapsed() < Duration::from_millis(2000),
+        "lapsed after {:?}",
+        silent.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn cron_entries_answer_in_the_names_clients_read_and_page_both_ways() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    // The JavaScript and Python clients' form.
+    for i in 0..3 {
+        let r = app
+            .post(
+                "/ojs/v1/cron",
+                json!({"name": format!("nightly-{i}"), "cron": "0 3 * * *", "type": "report.build",
+                    "args": [i], "timezone": "UTC", "options": {"queue": "reports"}}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let entry = &r.body["cron_job"];
+        assert_eq!(entry, &r.body["cron"]);
+        assert_eq!(entry["cron"], "0 3 * * *");
+        assert_eq!(entry["expression"], "0 3 * * *");
+        assert_eq!(entry["type"], "report.build");
+        assert_eq!(entry["args"], json!([i]));
+        assert_eq!(entry["options"]["queue"], "reports");
+        assert_eq!(entry["status"], "active");
+    }
+    let r = app.get("/ojs/v1/cron?page=2&per_page=2").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["cron_jobs"].as_array().unwrap().len(), 1);
+    assert_eq!(r.body["crons"], r.body["cron_jobs"]);
+    assert_eq!(
+        r.body["pagination"],
+        json!({"total": 3, "limit": 2, "offset": 2, "has_more": false, "page": 2, "per_page": 2})
+    );
+    let r = app.get("/ojs/v1/cron?limit=2&offset=0").await;
+    assert_eq!(r.body["crons"].as_array().unwrap().len(), 2);
+    assert_eq!(r.body["pagination"]["has_more"], true);
+    app.get("/ojs/v1/cron?per_page=lots")
+        .await
+        .assert_error(400, "invalid_request");
+    let r = app.delete("/ojs/v1/cron/nightly-0").await;
+    assert_eq!(r.body["cron_job"]["name"], "nightly-0");
+    assert_eq!(r.body["cron_job"]["cron"], "0 3 * * *");
+}

@@ -5,7 +5,9 @@
 #   scripts/bench.sh [flags of examples/bench/, e.g. --scenarios memory]
 #
 # NATS_SERVER_BIN picks the nats-server (else scripts/ensure-nats.sh finds one);
-# BENCH_NATS_PORT (default 14222) and BENCH_HTTP_PORT (default 18080) the ports.
+# BENCH_NATS_PORT (default 14222) and BENCH_HTTP_PORT (default 18080) the ports;
+# OJS_API_KEY (at least 32 characters) runs the gateway with that API key, and every
+# request of the benchmark carries it.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,8 +42,9 @@ done
 nats_pid=$!
 wait_until nats-server "$nats_pid" "$work/nats.log" 10 port_open 127.0.0.1 "$nats_port"
 
+# OJS_API_KEY set: the gateway asks for that key and the benchmark sends it (auth on).
 OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" \
-    target/release/ojs-jetstream serve >"$work/gateway.log" 2>&1 &
+    OJS_API_KEYS="${OJS_API_KEY:-}" target/release/ojs-jetstream serve >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 wait_until gateway "$gateway_pid" "$work/gateway.log" 30 http_ok "http://127.0.0.1:$http_port/ojs/v1/health"
 

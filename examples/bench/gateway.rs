@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
@@ -42,6 +42,8 @@ pub struct Gateway {
     base: String,
     /// Connections not in use; a request takes one (or opens one) and puts it back.
     idle: Arc<std::sync::Mutex<Vec<SendRequest<Full<Bytes>>>>>,
+    /// `Bearer <key>` when `OJS_API_KEY` is set (a gateway with API keys).
+    authorization: Option<HeaderValue>,
 }
 
 impl Gateway {
@@ -58,6 +60,10 @@ impl Gateway {
             authority: authority.to_owned(),
             base,
             idle: Arc::default(),
+            authorization: std::env::var("OJS_API_KEY").ok().map(|key| {
+                HeaderValue::try_from(format!("Bearer {key}"))
+                    .unwrap_or_else(|_| fail("OJS_API_KEY cannot be a header value"))
+            }),
         }
     }
 
@@ -85,11 +91,15 @@ impl Gateway {
             Some(s) if !s.is_closed() => s,
             _ => self.connect().await?,
         };
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header(HOST, &self.authority)
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization);
+        }
+        let request = request
             .body(Full::new(body))
             .map_err(|e| e.to_string())?;
         let response = sender

@@ -99,9 +99,7 @@ impl Gateway {
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization);
         }
-        let request = request
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+        let request = request.body(Full::new(body)).map_err(|e| e.to_string())?;
         let response = sender
             .send_request(request)
             .await

@@ -47,6 +47,28 @@ async fn a_job_emits_its_lifecycle_in_order() {
 }
 
 #[tokio::test]
+async fn every_event_of_a_traced_job_carries_its_trace_id_and_the_context_is_kept() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let meta = json!({"traceparent": parent, "tracestate": "congo=t61rcWkgMzE"});
+    let id = app
+        .enqueue(json!({"type": "t.e", "args": [], "meta": meta, "options": {"queue": "tr"}}))
+        .await;
+    let fetched = app.fetch(&["tr"], "w1").await;
+    assert_eq!(
+        fetched[0]["meta"], meta,
+        "the worker gets the context unchanged"
+    );
+    app.ack(json!({"job_id": id})).await;
+    let events = events_of(&app, "queues=tr", 3).await;
+    for e in &events {
+        assert_eq!(e["data"]["trace_id"], trace, "{}", e["type"]);
+    }
+}
+
+#[tokio::test]
 async fn failures_and_cancellations_emit_their_events() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;

@@ -80,6 +80,9 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
     base.insert("job_type".into(), json!(job.job_type));
     base.insert("queue".into(), json!(job.queue));
     base.insert("state".into(), json!(step.state));
+    if let Some(trace_id) = trace_id(&job.meta) {
+        base.insert("trace_id".into(), json!(trace_id));
+    }
     let with = |extra: Value| {
         let mut data = base.clone();
         if let Value::Object(m) = extra {
@@ -191,6 +194,17 @@ fn error_of(job: &Job, attempt: u32) -> Option<&JobError> {
         .or_else(|| job.errors.iter().rev().find(|e| e.attempt == attempt))
 }
 
+/// The trace id of a job with trace context (events seed §8.2-8.3): `meta.trace_id`, else
+/// the one in `meta.traceparent` (W3C `version-traceid-parentid-flags`).
+fn trace_id(meta: &Map<String, Value>) -> Option<&str> {
+    if let Some(id) = meta.get("trace_id").and_then(Value::as_str) {
+        return Some(id);
+    }
+    let parent = meta.get("traceparent").and_then(Value::as_str)?;
+    let id = parent.split('-').nth(1)?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
 fn enqueued_data(rec: &JobRecord) -> Value {
     let mut data = json!({"priority": rec.job.priority});
     if let Some(at) = &rec.job.scheduled_at {
@@ -237,6 +251,45 @@ mod tests {
         assert_eq!(e.data["queue"], "q");
         assert_eq!(e.data["state"], "available");
         assert!(e.id.starts_with("evt_"));
+    }
+
+    #[test]
+    fn every_event_of_a_job_with_trace_context_carries_its_trace_id() {
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let parent = format!("00-{TRACE}-00f067aa0ba902b7-01");
+        for meta in [
+            json!({"trace_id": TRACE}),
+            json!({"traceparent": parent, "tracestate": "congo=t61rcWkgMzE"}),
+        ] {
+            let mut rec = created();
+            rec.job.meta = meta.as_object().unwrap().clone();
+            let now = rec.job.created_at;
+            let started =
+                lifecycle::claim(&rec, now, Some("w"), &delivery(), Duration::from_secs(30))
+                    .unwrap();
+            let failure = lifecycle::Failure {
+                code: "e".into(),
+                message: "no".into(),
+                retryable: true,
+                ..Default::default()
+            };
+            let failed = lifecycle::fail(&started, now, None, &failure, false, 1.0).unwrap();
+            for write in [&rec, &started, &failed] {
+                for event in job_events(write, 1, "s") {
+                    assert_eq!(event.data["trace_id"], TRACE, "{}", event.event_type);
+                }
+            }
+        }
+        let mut rec = created();
+        rec.job.meta = json!({"traceparent": "garbage"})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert!(job_events(&rec, 1, "s")[0].data.get("trace_id").is_none());
+        assert!(job_events(&created(), 1, "s")[0]
+            .data
+            .get("trace_id")
+            .is_none());
     }
 
     #[test]

@@ -83,7 +83,14 @@ async fn api_keys_guard_every_route_and_admin_routes_take_only_the_admin_key() {
         .assert_error(401, "unauthenticated");
 
     // Probes stay open.
-    assert_eq!(app.get("/ojs/v1/health").await.status, 200);
+    for probe in [
+        "/ojs/v1/health",
+        "/ojs/v1/health/ready",
+        "/readyz",
+        "/healthz",
+    ] {
+        assert_eq!(app.get(probe).await.status, 200, "{probe}");
+    }
     let metrics = app.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
 

@@ -16,12 +16,28 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body["status"], "ok");
     assert_eq!(r.body["backend"]["status"], "connected");
+    for probe in ["/ojs/v1/health/ready", "/readyz"] {
+        let r = app.get(probe).await;
+        assert_eq!(
+            (r.status.as_u16(), r.body["status"].as_str()),
+            (200, Some("ready"))
+        );
+    }
     nats.kill();
     eventually(Duration::from_secs(10), "a degraded health", || async {
         let r = app.get("/ojs/v1/health").await;
         (r.status == 503 && r.body["status"] == "degraded").then_some(())
     })
     .await;
+    // Not ready for traffic, but alive: restarting the gateway would not bring NATS back.
+    for probe in ["/ojs/v1/health/ready", "/readyz"] {
+        let r = app.get(probe).await;
+        assert_eq!(r.status, 503, "{probe}");
+        assert_eq!(r.body["reason"], "nats");
+    }
+    for probe in ["/ojs/v1/health/live", "/healthz"] {
+        assert_eq!(app.get(probe).await.status, 200, "{probe}");
+    }
     // Operations fail with a backend error saying when to retry, not a hang or a panic.
     let r = app.post("/ojs/v1/jobs", job_on("down")).await;
     assert_eq!(r.status, 503, "{}", r.body);
@@ -39,6 +55,7 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
         (app.get("/ojs/v1/health").await.status == 200).then_some(())
     })
     .await;
+    assert_eq!(app.get("/ojs/v1/health/ready").await.status, 200);
 }
 
 #[tokio::test]

@@ -133,7 +133,7 @@ impl Keys {
 enum Access {
     /// Browsers' CORS preflights carry no credentials.
     Open,
-    /// Health and metrics: open when `open_health_and_metrics` says so.
+    /// Health, probes and metrics: open when `open_health_and_metrics` says so.
     Probe,
     Key,
     /// Operator actions that stop or destroy work: the admin keys when set.
@@ -144,7 +144,15 @@ fn access(method: &Method, path: &str) -> Access {
     if method == Method::OPTIONS {
         return Access::Open;
     }
-    if matches!(path, "/ojs/v1/health" | "/metrics") {
+    if matches!(
+        path,
+        "/ojs/v1/health"
+            | "/ojs/v1/health/live"
+            | "/ojs/v1/health/ready"
+            | "/healthz"
+            | "/readyz"
+            | "/metrics"
+    ) {
         return Access::Probe;
     }
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
@@ -224,6 +232,7 @@ mod tests {
         let post = Method::POST;
         assert_eq!(access(&get, "/ojs/v1/health"), Access::Probe);
         assert_eq!(access(&get, "/metrics"), Access::Probe);
+        assert_eq!(access(&get, "/readyz"), Access::Probe);
         assert_eq!(access(&post, "/ojs/v1/jobs"), Access::Key);
         assert_eq!(access(&get, "/ojs/manifest"), Access::Key);
         assert_eq!(access(&post, "/ojs/v1/workers/fetch"), Access::Key);

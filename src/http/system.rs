@@ -32,6 +32,25 @@ pub async fn health(State(state): State<SharedState>) -> Response {
     }
 }
 
+/// Liveness (`/ojs/v1/health/live`, `/healthz`): the process serves HTTP. It does not ask
+/// NATS, so an orchestrator does not restart gateways for an outage a restart cannot fix.
+pub async fn live() -> Response {
+    respond(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+/// Readiness (`/ojs/v1/health/ready`, `/readyz`): 200 while NATS answers, 503 otherwise, so
+/// a load balancer sends new requests elsewhere. A draining gateway (SIGTERM) accepts no
+/// new connection from the moment the signal arrives, which fails the probe as well.
+pub async fn ready(State(state): State<SharedState>) -> Response {
+    match state.store.ping().await {
+        Ok(_) => respond(StatusCode::OK, &json!({"status": "ready"})),
+        Err(err) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "unready", "reason": "nats", "error": err.message}),
+        ),
+    }
+}
+
 /// What this server implements. Claims only what its tests and the conformance suite show.
 pub async fn manifest() -> Response {
     respond(
@@ -63,7 +82,7 @@ pub async fn manifest() -> Response {
             "queue_strategies": ["strict", "weighted"],
             "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
             "extensions": {"official": []},
-            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "events": "/ojs/v1/events"},
+            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events"},
         }),
     )
 }

@@ -9,6 +9,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 use crate::http::auth::ApiKeys;
 
@@ -87,6 +88,10 @@ pub struct Config {
     /// At most 9,000,000, so system timers keep 1,000,000 below the scheduler consumer's
     /// `max_ack_pending`.
     pub max_pending_timers: u64,
+    /// What a job whose retry policy does not say `on_exhaustion` does when its attempts run
+    /// out: `discard` (core §5.2) or `dead_letter` — for clients whose retry policies cannot
+    /// say it.
+    pub default_on_exhaustion: OnExhaustion,
     /// API keys a client sends as `Authorization: Bearer <key>`; when any is set, every route
     /// but the open ones needs one (401 otherwise). Each is the key itself (at least 32
     /// characters, e.g. `openssl rand -hex 32`) or `sha256:<64 hex digits>`, its SHA-256, so
@@ -160,6 +165,7 @@ impl Default for Config {
             idle_puller_ms: 300_000,
             timer_horizon_ms: 60_000,
             max_pending_timers: 5_000_000,
+            default_on_exhaustion: OnExhaustion::Discard,
             api_keys: KeyList::default(),
             admin_api_keys: KeyList::default(),
             open_health_and_metrics: true,

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, spawn_app, NatsServer, TestApp};
+use common::{eventually, spawn_app, spawn_app_with, test_config, NatsServer, TestApp};
+use ojs_jetstream::config::Config;
+use ojs_jetstream::domain::retry::OnExhaustion;
 use serde_json::{json, Value};
 
 const OJS: &str = "application/openjobspec+json";
@@ -286,4 +288,53 @@ async fn cron_entries_answer_in_the_names_clients_read_and_page_both_ways() {
     let r = app.delete("/ojs/v1/cron/nightly-0").await;
     assert_eq!(r.body["cron_job"]["name"], "nightly-0");
     assert_eq!(r.body["cron_job"]["cron"], "0 3 * * *");
+}
+
+#[tokio::test]
+async fn a_server_default_sends_jobs_whose_policy_cannot_say_so_to_the_dead_letter_queue() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        default_on_exhaustion: OnExhaustion::DeadLetter,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let once = |on_exhaustion: Option<&str>| {
+        let mut retry = json!({"max_attempts": 1});
+        if let Some(choice) = on_exhaustion {
+            retry["on_exhaustion"] = json!(choice);
+        }
+        json!({"type": "t.once", "args": [], "options": {"queue": "dlq-default", "retry": retry}})
+    };
+    // A policy without on_exhaustion (as a client sends it), one that says discard, and a
+    // workflow's member without it.
+    let silent = app.enqueue(once(None)).await;
+    let discard = app.enqueue(once(Some("discard"))).await;
+    let workflow = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"type": "chain", "name": "w", "steps": [once(None)]}),
+        )
+        .await;
+    assert_eq!(workflow.status, 201, "{}", workflow.body);
+    let member = workflow.body["steps"][0]["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["dlq-default"], "count": 10, "worker_id": "w"}),
+        )
+        .await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 3, "{}", r.body);
+    for id in [&silent, &discard, &member] {
+        let r = app
+            .fail(json!({"job_id": id, "error": {"type": "Boom", "message": "no"}}))
+            .await;
+        assert_eq!(r.body["state"], "discarded", "{}", r.body);
+    }
+    for (id, dead_lettered) in [(&silent, true), (&discard, false), (&member, true)] {
+        let r = app.get(&format!("/ojs/v1/dead-letter/{id}")).await;
+        assert_eq!(r.status == 200, dead_lettered, "{id}: {}", r.body);
+    }
 }

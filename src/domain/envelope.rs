@@ -13,7 +13,7 @@ use super::error::{ErrorCode, OjsError};
 use super::fields::{self, missing, type_error};
 use super::job::{Job, SPEC_VERSION};
 use super::rate_limit::Limits;
-use super::retry::RetryPolicy;
+use super::retry::{OnExhaustion, RetryPolicy};
 use super::state::JobState;
 use super::time;
 use super::unique::UniquePolicy;
@@ -110,6 +110,21 @@ pub fn too_large(field: &str, actual: usize, max: usize) -> OjsError {
 /// 400 `invalid_payload` for a non-object, 400 `invalid_request` for a bad field,
 /// 422 for a semantically invalid retry policy.
 pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsError> {
+    parse_with_default_exhaustion(body, now, new_id, OnExhaustion::Discard)
+}
+
+/// Like [`parse`], with what a job whose retry policy does not say `on_exhaustion` does
+/// when its attempts run out (the `default_on_exhaustion` setting: clients whose retry
+/// policies cannot say it still reach the dead letter queue).
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_with_default_exhaustion(
+    body: Value,
+    now: DateTime<Utc>,
+    new_id: Uuid,
+    default_on_exhaustion: OnExhaustion,
+) -> Result<Job, OjsError> {
     let Value::Object(mut obj) = body else {
         return Err(OjsError::new(
             ErrorCode::InvalidPayload,
@@ -221,9 +236,13 @@ pub fn parse(body: Value, now: DateTime<Utc>, new_id: Uuid) -> Result<Job, OjsEr
         None => None,
         Some(v) => Some(parse_time(v, "expires_at", now)?.0),
     };
+    let base = RetryPolicy {
+        on_exhaustion: default_on_exhaustion,
+        ..RetryPolicy::default()
+    };
     let retry = match opts.get("retry").or_else(|| opts.get("retry_policy")) {
-        None => RetryPolicy::default(),
-        Some(v) => RetryPolicy::from_value(v)?,
+        None => base,
+        Some(v) => RetryPolicy::from_value_over(v, base)?,
     };
     // Kept as sent (echoed); PUSH reads it again to take the key's lock (`unique.rs`).
     let unique = match opts.get("unique") {

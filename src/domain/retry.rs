@@ -84,11 +84,16 @@ impl RetryPolicy {
     /// Parses a client policy object. Every problem is a 422 naming the field (conformance
     /// case retry-validation-invalid-max-attempts.json).
     pub fn from_value(v: &Value) -> Result<RetryPolicy, OjsError> {
+        RetryPolicy::from_value_over(v, RetryPolicy::default())
+    }
+
+    /// Like [`RetryPolicy::from_value`], with `base` for the fields the client left out.
+    pub fn from_value_over(v: &Value, base: RetryPolicy) -> Result<RetryPolicy, OjsError> {
         let obj = &snake_cased(
             v.as_object()
                 .ok_or_else(|| OjsError::unprocessable("retry", "retry must be an object"))?,
         );
-        let mut p = RetryPolicy::default();
+        let mut p = base;
         if let Some(v) = present(obj, "max_attempts") {
             p.max_attempts = v
                 .as_u64()

@@ -18,6 +18,7 @@ use super::envelope;
 use super::error::{ErrorCode, OjsError};
 use super::fields;
 use super::job::{stable_uuid, Job, JobRecord, Transition};
+use super::retry::OnExhaustion;
 use super::state::JobState;
 
 /// Levels of nesting a workflow may have (workflows spec §10.2: at least 3).
@@ -710,7 +711,14 @@ pub struct Creation {
 /// # Errors
 /// 400 for a member job that is not a valid job envelope, or that asks to be scheduled or
 /// pending (a workflow decides when its jobs run).
-pub fn plan(request: &Request, id: Uuid, now: DateTime<Utc>) -> Result<Creation, OjsError> {
+/// `on_exhaustion`: what a member whose retry policy does not say does when its attempts
+/// run out (the `default_on_exhaustion` setting).
+pub fn plan(
+    request: &Request,
+    id: Uuid,
+    now: DateTime<Utc>,
+    on_exhaustion: OnExhaustion,
+) -> Result<Creation, OjsError> {
     let mut creation = Creation {
         workflows: Vec::new(),
         jobs: Vec::new(),
@@ -720,7 +728,7 @@ pub fn plan(request: &Request, id: Uuid, now: DateTime<Utc>) -> Result<Creation,
         id.hyphenated().to_string(),
         None,
         true,
-        now,
+        (now, on_exhaustion),
         "$",
         &mut creation,
     )?;
@@ -732,7 +740,7 @@ fn lay_out(
     id: String,
     parent: Option<ParentRef>,
     begins: bool,
-    now: DateTime<Utc>,
+    (now, on_exhaustion): (DateTime<Utc>, OnExhaustion),
     path: &str,
     out: &mut Creation,
 ) -> Result<(), OjsError> {
@@ -791,7 +799,14 @@ fn lay_out(
         let member_id = derived_id(&wf_id, &i.to_string(), created);
         match &m.what {
             Member::Job(spec) => {
-                let job = member_job(spec, &member_id, &wf_id, starts(i), now, &member_path)?;
+                let job = member_job(
+                    spec,
+                    &member_id,
+                    &wf_id,
+                    starts(i),
+                    (now, on_exhaustion),
+                    &member_path,
+                )?;
                 types.push(job.job_type.clone());
                 out.jobs.push((job, Slot::Member(i)));
             }
@@ -806,7 +821,7 @@ fn lay_out(
                     member_id,
                     Some(parent),
                     starts(i),
-                    now,
+                    (now, on_exhaustion),
                     &member_path,
                     out,
                 )?;
@@ -821,7 +836,7 @@ fn lay_out(
             &derived_id(&wf_id, c.name(), created),
             &wf_id,
             false,
-            now,
+            (now, on_exhaustion),
             &cb_path,
         )?;
         callback_types.push(job.job_type.clone());
@@ -847,7 +862,7 @@ fn member_job(
     id: &str,
     workflow_id: &str,
     starts: bool,
-    now: DateTime<Utc>,
+    (now, on_exhaustion): (DateTime<Utc>, OnExhaustion),
     path: &str,
 ) -> Result<Job, OjsError> {
     let Value::Object(obj) = spec else {
@@ -869,7 +884,9 @@ fn member_job(
     let mut obj = obj.clone();
     obj.remove("id");
     let uuid = Uuid::parse_str(id).expect("derived ids are UUIDs");
-    let mut job = envelope::parse(Value::Object(obj), now, uuid).map_err(|mut err| {
+    let parsed =
+        envelope::parse_with_default_exhaustion(Value::Object(obj), now, uuid, on_exhaustion);
+    let mut job = parsed.map_err(|mut err| {
         err.message = format!("{path}: {}", err.message);
         err
     })?;
@@ -1379,7 +1396,7 @@ mod tests {
 
     fn laid_out(body: Value) -> Creation {
         let id = Uuid::parse_str("01967a3e-0000-7000-8000-000000000001").unwrap();
-        plan(&parse(body).unwrap(), id, now()).unwrap()
+        plan(&parse(body).unwrap(), id, now(), OnExhaustion::Discard).unwrap()
     }
 
     fn states(c: &Creation) -> Vec<(String, JobState)> {
@@ -1391,7 +1408,7 @@ mod tests {
 
     fn refused(body: Value) -> String {
         let err = parse(body.clone())
-            .and_then(|r| plan(&r, Uuid::now_v7(), now()))
+            .and_then(|r| plan(&r, Uuid::now_v7(), now(), OnExhaustion::Discard))
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidRequest, "{body}");
         err.message

@@ -21,7 +21,12 @@ pub async fn enqueue(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let job = envelope::parse(Value::Object(body), Utc::now(), Uuid::now_v7())?;
+    let job = envelope::parse_with_default_exhaustion(
+        Value::Object(body),
+        Utc::now(),
+        Uuid::now_v7(),
+        state.config.default_on_exhaustion,
+    )?;
     let job = match state.store.enqueue(vec![job]).await? {
         Enqueued::Created(mut jobs) => jobs.remove(0),
         // Unique `ignore`: the job holding the key (unique-jobs spec §5.4).
@@ -73,7 +78,13 @@ pub async fn enqueue_batch(
         .into_iter()
         .enumerate()
         .map(|(index, item)| {
-            envelope::parse(item, now, Uuid::now_v7()).map_err(|mut e| {
+            envelope::parse_with_default_exhaustion(
+                item,
+                now,
+                Uuid::now_v7(),
+                state.config.default_on_exhaustion,
+            )
+            .map_err(|mut e| {
                 e.message = format!(
                     "Batch validation failed: job at index {index}: {}",
                     e.message

@@ -155,10 +155,11 @@ impl Store {
                     }
                 }
                 let id = tick_job_id(&entry.name, tick);
-                let enqueued = match envelope::parse(
+                let enqueued = match envelope::parse_with_default_exhaustion(
                     entry.job_for_tick(tick),
                     Utc::now(),
                     uuid::Uuid::nil(),
+                    self.inner.default_on_exhaustion,
                 ) {
                     Ok(job) => self.enqueue(vec![job]).await.map(drop),
                     Err(err) => Err(err),

@@ -41,6 +41,7 @@ use crate::config::{Config, Storage};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::lanes::LaneLimits;
 use crate::domain::lifecycle::RECORD_HEADROOM;
+use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 
 pub use cron::TickOutcome;
@@ -120,6 +121,8 @@ struct Inner {
     heartbeat_timeout: Duration,
     /// How long a workflow's creation or cancel may take (`workflow_grace_ms`).
     workflow_grace: Duration,
+    /// What a job whose retry policy does not say does at exhaustion (`default_on_exhaustion`).
+    default_on_exhaustion: OnExhaustion,
     /// How long a batch PUSH may take (`batch_grace_ms`).
     batch_grace: Duration,
     /// Longest wait for one NATS answer (`nats_timeout_ms`).
@@ -278,6 +281,7 @@ impl Store {
                 finished_jobs_max_age: cfg.finished_jobs_max_age(),
                 heartbeat_timeout: Duration::from_millis(cfg.heartbeat_timeout_ms),
                 workflow_grace: Duration::from_millis(cfg.workflow_grace_ms),
+                default_on_exhaustion: cfg.default_on_exhaustion,
                 batch_grace: Duration::from_millis(cfg.batch_grace_ms),
                 nats_timeout: Duration::from_millis(cfg.nats_timeout_ms),
                 // A job of `max_job_bytes` plus the room it may grow by, within what the

@@ -59,7 +59,12 @@ impl Store {
     /// (the timer then cancels whatever was created).
     pub async fn create_workflow(&self, request: &Request) -> Result<WorkflowView, OjsError> {
         let now = Utc::now();
-        let creation = workflow::plan(request, Uuid::now_v7(), now)?;
+        let creation = workflow::plan(
+            request,
+            Uuid::now_v7(),
+            now,
+            self.inner.default_on_exhaustion,
+        )?;
         let max = self.inner.max_record_bytes;
         let mut encoded = Vec::with_capacity(creation.workflows.len());
         for (rec, plan) in &creation.workflows {

@@ -176,30 +176,32 @@ async fn refuses_anonymous(url: &str) {
     );
 }
 
+/// A gateway with `settings` on `nats` serves jobs, where an anonymous client is refused.
+async fn only_the_configured_gateway_is_served(nats: &NatsServer, settings: Config) {
+    refuses_anonymous(&nats.url).await;
+    round_trip(&spawn_app_with(settings).await).await;
+}
+
 #[tokio::test]
 async fn a_gateway_connects_with_a_user_and_password() {
     let nats =
         NatsServer::start_with_config("authorization { user: ojs, password: \"s3cret-password\" }");
-    refuses_anonymous(&nats.url).await;
-    let app = spawn_app_with(Config {
+    let settings = Config {
         nats_user: "ojs".into(),
         nats_password: Secret("s3cret-password".into()),
         ..test_config(&nats.url)
-    })
-    .await;
-    round_trip(&app).await;
+    };
+    only_the_configured_gateway_is_served(&nats, settings).await;
 }
 
 #[tokio::test]
 async fn a_gateway_connects_with_a_token() {
     let nats = NatsServer::start_with_config("authorization { token: \"t0ken-of-the-nats\" }");
-    refuses_anonymous(&nats.url).await;
-    let app = spawn_app_with(Config {
+    let settings = Config {
         nats_token: Secret("t0ken-of-the-nats".into()),
         ..test_config(&nats.url)
-    })
-    .await;
-    round_trip(&app).await;
+    };
+    only_the_configured_gateway_is_served(&nats, settings).await;
 }
 
 #[tokio::test]
@@ -209,13 +211,11 @@ async fn a_gateway_connects_with_an_nkey() {
         "authorization {{ users: [ {{ nkey: {} }} ] }}",
         user.public_key()
     ));
-    refuses_anonymous(&nats.url).await;
-    let app = spawn_app_with(Config {
+    let settings = Config {
         nats_nkey_seed: Secret(user.seed().unwrap()),
         ..test_config(&nats.url)
-    })
-    .await;
-    round_trip(&app).await;
+    };
+    only_the_configured_gateway_is_served(&nats, settings).await;
 }
 
 #[tokio::test]
@@ -344,8 +344,6 @@ async fn a_gateway_connects_with_a_credentials_file() {
         system = system.public_key(),
         account = account.public_key(),
     ));
-    refuses_anonymous(&nats.url).await;
-
     let creds = nats.dir.path().join("gateway.creds");
     std::fs::write(
         &creds,
@@ -356,12 +354,11 @@ async fn a_gateway_connects_with_a_credentials_file() {
         ),
     )
     .unwrap();
-    let app = spawn_app_with(Config {
+    let settings = Config {
         nats_credentials_file: creds.display().to_string(),
         ..test_config(&nats.url)
-    })
-    .await;
-    round_trip(&app).await;
+    };
+    only_the_configured_gateway_is_served(&nats, settings).await;
 }
 
 #[tokio::test]

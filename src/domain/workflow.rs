@@ -708,11 +708,12 @@ pub struct Creation {
 /// Lays out the tree under the root id `id`: records, plans and jobs with their derived
 /// ids; the jobs that start at once `available`, later chain steps and callbacks `pending`.
 ///
+/// `on_exhaustion` is what a member whose retry policy does not say does when its attempts
+/// run out (the `default_on_exhaustion` setting).
+///
 /// # Errors
 /// 400 for a member job that is not a valid job envelope, or that asks to be scheduled or
 /// pending (a workflow decides when its jobs run).
-/// `on_exhaustion`: what a member whose retry policy does not say does when its attempts
-/// run out (the `default_on_exhaustion` setting).
 pub fn plan(
     request: &Request,
     id: Uuid,

@@ -298,13 +298,13 @@ impl Worker {
         }
     }
 
-    /// Registers the handler of `job_type`.
     /// Sends `key` with every request, for a server that asks for API keys.
     pub fn api_key(&mut self, key: &str) -> &mut Self {
         self.client = self.client.clone().with_api_key(key);
         self
     }
 
+    /// Registers the handler of `job_type`.
     pub fn register<H: Handler + 'static>(&mut self, job_type: &str, handler: H) -> &mut Self {
         self.handlers.insert(job_type.to_owned(), Arc::new(handler));
         self

@@ -4,7 +4,7 @@
 //! feeds them to the deadline watch. Reading the writes from the jobs bucket's own stream
 //! means neither an event nor a deadline nor a count can be lost between a state write and
 //! its handling: a write stays unacknowledged until its events are stored, it is counted
-//! and the watch no longer needs it.
+//! (job totals for the metrics included) and the watch no longer needs it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,6 +18,7 @@ use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
 use crate::domain::event::{step_events, Event};
 use crate::domain::stats::Change;
+use crate::domain::totals::Tally;
 use crate::domain::trail::Step;
 use crate::domain::workflow;
 use crate::store::{ended_lock, JobWrite, Store};
@@ -146,6 +147,7 @@ impl EventPublisher {
                     from: Some(*state),
                     to: None,
                     at: Utc::now(),
+                    tally: None,
                 });
             }
             let Some(rec) = &w.record else { continue };
@@ -174,6 +176,7 @@ impl EventPublisher {
                         from: step.from,
                         to: Some(step.state),
                         at: step.at,
+                        tally: Tally::of(rec, step),
                     })
                     .collect();
                 (recovered, step_events(rec, &own, source), seen, changes)

@@ -68,6 +68,7 @@ impl Coordinator {
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.metrics.set_leading(leading.is_some());
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => {}
@@ -105,6 +106,7 @@ impl Coordinator {
                 _ => {}
             }
         }
+        self.metrics.set_leading(false);
         if let Some(l) = leading.take() {
             l.stop(self.lease_ttl / 3).await;
         }

@@ -24,6 +24,7 @@ pub mod retry;
 pub mod state;
 pub mod stats;
 pub mod time;
+pub mod totals;
 pub mod trail;
 pub mod unique;
 pub mod worker;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{ErrorCode, OjsError};
 
 /// Core §5.3 / §6.1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     Scheduled,

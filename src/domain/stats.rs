@@ -1,12 +1,16 @@
 //! Queue statistics (HTTP binding §11.2): how many jobs of a queue are in each state, kept
 //! as counters that the leader moves from the job writes it reads for events
-//! (docs/architecture.md §3.17) — never a scan of jobs. Pure: what one write changes, and
-//! the completions-per-minute window behind `throughput`.
+//! (docs/architecture.md §3.17) — never a scan of jobs — with the job totals by type behind
+//! the job metrics (`totals.rs`). Pure: what one write changes, and the
+//! completions-per-minute window behind `throughput`.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::state::JobState;
+use super::totals::{self, Tally, TypeTotals};
 
 /// Jobs of one queue per state. Terminal states count every job that reached them and was
 /// not taken out again by an operator (a dead-letter retry or delete): pruning finished
@@ -57,7 +61,7 @@ impl StateCounts {
 
 /// One write of a job record as the counters see it: the state it left and the one it
 /// entered (`None`: the job did not exist before, or was removed by it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     /// The write's sequence in the jobs stream.
     pub sequence: u64,
@@ -65,10 +69,12 @@ pub struct Change {
     pub to: Option<JobState>,
     /// When the write's transition happened.
     pub at: DateTime<Utc>,
+    /// What it adds to the totals of its job's type, if anything.
+    pub tally: Option<Tally>,
 }
 
 /// The counters of one queue, as stored in the stats bucket.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct QueueCounts {
     /// The jobs-stream sequence up to which writes of this queue are counted here: a
@@ -81,6 +87,9 @@ pub struct QueueCounts {
     pub minute: i64,
     pub completed_this_minute: u64,
     pub completed_last_minute: u64,
+    /// Job totals by type.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub types: BTreeMap<String, TypeTotals>,
 }
 
 impl QueueCounts {
@@ -104,6 +113,9 @@ impl QueueCounts {
             if change.to == Some(JobState::Completed) {
                 self.completed_at(change.at);
             }
+        }
+        if let Some(tally) = &change.tally {
+            totals::add(&mut self.types, tally);
         }
         true
     }
@@ -159,6 +171,7 @@ mod tests {
             from,
             to,
             at: at(600),
+            tally: None,
         }
     }
 
@@ -197,6 +210,22 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_write_adds_nothing_to_the_job_totals() {
+        use crate::domain::totals::Outcome;
+        let mut c = QueueCounts::default();
+        let mut enqueued = change(3, None, Some(JobState::Available));
+        enqueued.tally = Some(Tally {
+            job_type: "t.x".into(),
+            outcome: Outcome::Enqueued,
+            seconds: None,
+        });
+        assert!(c.apply(&enqueued));
+        c.counted_through(3);
+        assert!(!c.apply(&enqueued));
+        assert_eq!(c.types["t.x"].enqueued, 1);
+    }
+
+    #[test]
     fn counts_never_show_below_zero() {
         let mut c = QueueCounts::default();
         c.apply(&change(
@@ -217,6 +246,7 @@ mod tests {
                 from: Some(JobState::Active),
                 to: Some(JobState::Completed),
                 at: at(secs),
+                tally: None,
             });
         };
         for (i, secs) in [600, 610, 650].into_iter().enumerate() {

@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{respond, SharedState};
+use crate::telemetry::job_metrics;
+use tracing::warn;
 
 /// 200 while NATS answers, 503 otherwise (the load balancer's signal).
 pub async fn health(State(state): State<SharedState>) -> Response {
@@ -87,10 +89,22 @@ pub async fn manifest() -> Response {
     )
 }
 
-/// Prometheus text format.
+/// Prometheus text format: this replica's metrics, and on the leader the cluster's job
+/// metrics (left out, and logged, when NATS cannot give them).
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     state.metrics.set_pullers_open(state.store.pullers_open());
-    let mut response = state.metrics.render().into_response();
+    let jobs = if state.metrics.leading() {
+        match state.store.cluster_totals().await {
+            Ok(totals) => job_metrics::families(&totals),
+            Err(err) => {
+                warn!(error = %err, "job metrics left out of a scrape: NATS did not answer");
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let mut response = state.metrics.render(jobs).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -55,6 +55,7 @@ pub use queue_ops::QueueStats;
 pub use queues::QueueMeta;
 use queues::QueueRegistry;
 pub use records::Settled;
+pub use stats::ClusterTotals;
 pub use timers::{PendingTimer, ReadAhead, Timer, TimerFeed, TimerKind};
 pub use topology::Topology;
 pub use unique::ended_lock;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::try_join_all;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::debug;
@@ -23,6 +24,22 @@ const COUNTED: &str = "counted";
 /// Longest a read waits for the leader to count the writes before it (a failover, NATS
 /// trouble); past it the counts are answered as far as they go.
 const COUNT_WAIT: Duration = Duration::from_secs(2);
+
+/// Queue reads in flight at once while gathering [`ClusterTotals`].
+const READS_AT_ONCE: usize = 32;
+
+/// What the job metrics report of the whole cluster (`telemetry/job_metrics.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterTotals {
+    /// Every registered queue's counters (a queue no job was written to has none).
+    pub queues: Vec<(String, QueueCounts)>,
+    /// Workers in the registry: heartbeating, or not yet declared dead.
+    pub workers: u64,
+    /// Job writes stored but not yet handled (events, counts) by the event publisher.
+    pub unhandled_writes: u64,
+    /// Timers stored and not yet fired.
+    pub timers_pending: u64,
+}
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Counted {
@@ -94,6 +111,54 @@ impl Store {
         )
         .await?;
         Ok(())
+    }
+
+    /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
+    /// leader reports. Costs one read per registered queue, a listing of the worker
+    /// registry and two stream-info requests — per scrape, on the leader only.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn cluster_totals(&self) -> Result<ClusterTotals, OjsError> {
+        let queues = futures::stream::iter(self.queues())
+            .map(|q| async move {
+                let counts = cas::read::<QueueCounts>(
+                    &self.inner.stats,
+                    &counts_key(&q.name),
+                    Replica::Nearest,
+                    "queue count",
+                )
+                .await?;
+                Ok::<_, OjsError>(counts.value.map(|c| (q.name, c)))
+            })
+            .buffered(READS_AT_ONCE)
+            .try_filter_map(|found| async move { Ok(found) })
+            .try_collect()
+            .await?;
+        let workers = self
+            .inner
+            .workers
+            .keys()
+            .await
+            .map_err(backend("listing the worker registry"))?
+            .try_fold(0u64, |n, _| async move { Ok(n + 1) })
+            .await
+            .map_err(backend("listing the worker registry"))?;
+        let counted = cas::read::<Counted>(
+            &self.inner.stats,
+            COUNTED,
+            Replica::Nearest,
+            "counting mark",
+        )
+        .await?
+        .value
+        .unwrap_or_default();
+        Ok(ClusterTotals {
+            queues,
+            workers,
+            unhandled_writes: self.last_job_write().await?.saturating_sub(counted.through),
+            timers_pending: self.timers_stored().await?,
+        })
     }
 
     /// The sequence of the last job write stored.

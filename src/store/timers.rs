@@ -414,18 +414,23 @@ impl Store {
         let pending = match cached {
             Some((read, count)) if read.elapsed() < TIMER_COUNT_TTL => count,
             _ => {
-                let stream = self
-                    .inner
-                    .js
-                    .get_stream(self.inner.topology.timers_stream())
-                    .await
-                    .map_err(backend("reading the timers stream"))?;
-                let count = stream.cached_info().state.messages;
+                let count = self.timers_stored().await?;
                 *self.inner.timer_count.0.lock().expect("timer count lock") =
                     Some((Instant::now(), count));
                 count
             }
         };
         horizon::admit(pending, adding, self.inner.max_pending_timers)
+    }
+
+    /// Timers in the timers stream: stored and not yet fired.
+    pub(super) async fn timers_stored(&self) -> Result<u64, OjsError> {
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.topology.timers_stream())
+            .await
+            .map_err(backend("reading the timers stream"))?;
+        Ok(stream.cached_info().state.messages)
     }
 }

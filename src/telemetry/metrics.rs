@@ -1,8 +1,10 @@
-//! Request metrics in a registry owned by the app (not a global one, so test apps do not
-//! collide), labelled by route template to keep cardinality bounded.
+//! Request and replica metrics in a registry owned by the app (not a global one, so test
+//! apps do not collide), labelled by route template to keep cardinality bounded. The job
+//! metrics are the leader's (`job_metrics.rs`).
 
 use std::time::Duration;
 
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -27,6 +29,8 @@ pub struct Metrics {
     timers_handed_back: IntCounter,
     /// Queue lanes this gateway keeps a pull loop open for (set when scraped).
     pullers_open: IntGauge,
+    /// 1 while this replica leads the coordinator (and reports the job metrics).
+    leader: IntGauge,
 }
 
 impl Metrics {
@@ -84,6 +88,11 @@ impl Metrics {
             "Queue lanes this gateway keeps a pull loop open for; idle ones are closed",
         )
         .expect("valid metric");
+        let leader = IntGauge::new(
+            "ojs_leader",
+            "1 while this replica leads the coordinator: it then reports the cluster's job metrics",
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
@@ -93,6 +102,7 @@ impl Metrics {
             Box::new(timers_held.clone()),
             Box::new(timers_handed_back.clone()),
             Box::new(pullers_open.clone()),
+            Box::new(leader.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
@@ -106,7 +116,16 @@ impl Metrics {
             timers_held,
             timers_handed_back,
             pullers_open,
+            leader,
         }
+    }
+
+    pub fn set_leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    pub fn leading(&self) -> bool {
+        self.leader.get() == 1
     }
 
     pub fn set_pullers_open(&self, open: usize) {
@@ -152,10 +171,13 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    pub fn render(&self) -> String {
+    /// This registry's metrics, then `more` (the leader's job metrics).
+    pub fn render(&self, more: Vec<MetricFamily>) -> String {
+        let mut families = self.registry.gather();
+        families.extend(more);
         let mut out = Vec::new();
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
+            .encode(&families, &mut out)
             .expect("metrics encode");
         String::from_utf8(out).expect("metrics are UTF-8")
     }

@@ -1,5 +1,6 @@
 //! Logging and metrics.
 
+pub mod job_metrics;
 pub mod metrics;
 
 use tracing_subscriber::EnvFilter;

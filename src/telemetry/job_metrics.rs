@@ -1,0 +1,269 @@
+//! The job metrics of observability spec §8 in Prometheus form, built from the cluster's
+//! totals (`store::ClusterTotals`). The leader reports them and the other replicas do not,
+//! so summing a metric over every replica gives the cluster's figure exactly once
+//! (docs/architecture.md §3.21). Pure: totals in, metric families out.
+
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
+
+use crate::domain::state::JobState;
+use crate::domain::totals::{self, TypeTotals, DURATION_BUCKETS, QUEUE_TIME_BUCKETS};
+use crate::store::ClusterTotals;
+
+/// A counter by queue and type: name, help, and how to read it from a type's totals.
+type CounterSpec = (&'static str, &'static str, fn(&TypeTotals) -> u64);
+
+const COUNTERS: [CounterSpec; 9] = [
+    (
+        "ojs_job_enqueued_total",
+        "Jobs enqueued (created available, scheduled or pending)",
+        |t| t.enqueued,
+    ),
+    (
+        "ojs_job_started_total",
+        "Attempts started (jobs fetched by a worker)",
+        |t| t.started,
+    ),
+    (
+        "ojs_job_completed_total",
+        "Jobs that reached completed",
+        |t| t.completed,
+    ),
+    (
+        "ojs_job_retried_total",
+        "Failed attempts followed by a scheduled retry",
+        |t| t.retried,
+    ),
+    (
+        "ojs_job_failed_total",
+        "Jobs that reached discarded by failing their last attempt",
+        |t| t.failed,
+    ),
+    (
+        "ojs_job_dead_lettered_total",
+        "Failed jobs kept in the dead letter queue",
+        |t| t.dead_lettered,
+    ),
+    ("ojs_job_cancelled_total", "Jobs cancelled", |t| t.cancelled),
+    (
+        "ojs_job_expired_total",
+        "Jobs discarded because expires_at passed before they ran",
+        |t| t.expired,
+    ),
+    (
+        "ojs_job_discarded_total",
+        "Jobs that reached discarded (failed or expired)",
+        TypeTotals::discarded,
+    ),
+];
+
+/// Every job metric of `totals`.
+pub fn families(totals: &ClusterTotals) -> Vec<MetricFamily> {
+    let by_type = || {
+        totals.queues.iter().flat_map(|(queue, counts)| {
+            counts
+                .types
+                .iter()
+                .map(move |(job_type, t)| (queue.as_str(), job_type.as_str(), t))
+        })
+    };
+    let mut out: Vec<MetricFamily> = COUNTERS
+        .iter()
+        .map(|(name, help, read)| {
+            family(
+                name,
+                help,
+                MetricType::COUNTER,
+                by_type()
+                    .map(|(queue, job_type, t)| {
+                        counter(&[("queue", queue), ("type", job_type)], read(t))
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    out.push(family(
+        "ojs_job_duration_seconds",
+        "Attempt durations (active until completed, retryable or discarded), by the state the attempt ended in",
+        MetricType::HISTOGRAM,
+        by_type()
+            .flat_map(|(queue, job_type, t)| {
+                t.durations.iter().map(move |(state, h)| {
+                    histogram(
+                        &[("queue", queue), ("type", job_type), ("state", state.as_str())],
+                        h,
+                        &DURATION_BUCKETS,
+                    )
+                })
+            })
+            .collect(),
+    ));
+    out.push(family(
+        "ojs_job_queue_time_seconds",
+        "Time from becoming available to the start of the first attempt",
+        MetricType::HISTOGRAM,
+        by_type()
+            .filter(|(_, _, t)| t.queue_time.count() > 0)
+            .map(|(queue, job_type, t)| {
+                histogram(
+                    &[("queue", queue), ("type", job_type)],
+                    &t.queue_time,
+                    &QUEUE_TIME_BUCKETS,
+                )
+            })
+            .collect(),
+    ));
+    out.push(family(
+        "ojs_queue_depth",
+        "Jobs per queue per state now",
+        MetricType::GAUGE,
+        totals
+            .queues
+            .iter()
+            .flat_map(|(queue, counts)| {
+                JobState::ALL.iter().map(move |state| {
+                    gauge(
+                        &[("queue", queue), ("state", state.as_str())],
+                        counts.states.of(*state) as f64,
+                    )
+                })
+            })
+            .collect(),
+    ));
+    out.push(family(
+        "ojs_workers_busy",
+        "Jobs executing now (active), per queue",
+        MetricType::GAUGE,
+        totals
+            .queues
+            .iter()
+            .map(|(queue, counts)| {
+                gauge(
+                    &[("queue", queue)],
+                    counts.states.of(JobState::Active) as f64,
+                )
+            })
+            .collect(),
+    ));
+    for (name, help, value) in [
+        ("ojs_workers_active", "Workers in the registry: heartbeating, or not yet declared dead", totals.workers),
+        ("ojs_event_publisher_lag", "Job writes stored but not yet turned into events and counts by the leader", totals.unhandled_writes),
+        ("ojs_timers_pending", "Timers stored and not yet fired (scheduled jobs, retries, deadlines, dead-worker checks)", totals.timers_pending),
+    ] {
+        out.push(family(name, help, MetricType::GAUGE, vec![gauge(&[], value as f64)]));
+    }
+    // The text format has no empty family (a histogram before any job finished).
+    out.retain(|f| !f.get_metric().is_empty());
+    out
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_owned());
+    f.set_help(help.to_owned());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
+
+fn metric(labels: &[(&str, &str)]) -> Metric {
+    let mut m = Metric::default();
+    m.set_label(
+        labels
+            .iter()
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name((*name).to_owned());
+                pair.set_value((*value).to_owned());
+                pair
+            })
+            .collect(),
+    );
+    m
+}
+
+fn counter(labels: &[(&str, &str)], value: u64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(value as f64);
+    let mut m = metric(labels);
+    m.set_counter(c);
+    m
+}
+
+fn gauge(labels: &[(&str, &str)], value: f64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(value);
+    let mut m = metric(labels);
+    m.set_gauge(g);
+    m
+}
+
+fn histogram(labels: &[(&str, &str)], h: &totals::Histogram, bounds: &[f64]) -> Metric {
+    let mut out = Histogram::default();
+    out.set_sample_count(h.count());
+    out.set_sample_sum(h.sum);
+    out.set_bucket(
+        h.cumulative(bounds)
+            .map(|(bound, seen)| {
+                let mut b = Bucket::default();
+                b.set_upper_bound(bound);
+                b.set_cumulative_count(seen);
+                b
+            })
+            .collect(),
+    );
+    let mut m = metric(labels);
+    m.set_histogram(out);
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+    use crate::domain::stats::QueueCounts;
+    use crate::domain::totals::{add, Outcome, Tally};
+
+    fn text(totals: &ClusterTotals) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&families(totals), &mut out)
+            .expect("encodes");
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_cluster_with_no_jobs_yet_has_only_its_gauges() {
+        let text = text(&ClusterTotals::default());
+        assert!(text.contains("ojs_workers_active 0"), "{text}");
+        assert!(!text.contains("ojs_job_duration_seconds"), "{text}");
+    }
+
+    #[test]
+    fn totals_become_labelled_series() {
+        let mut counts = QueueCounts::default();
+        let tally = |outcome, seconds| Tally {
+            job_type: "mail.send".into(),
+            outcome,
+            seconds,
+        };
+        add(&mut counts.types, &tally(Outcome::Enqueued, None));
+        add(&mut counts.types, &tally(Outcome::Completed, Some(0.07)));
+        counts.states.completed = 1;
+        let text = text(&ClusterTotals {
+            queues: vec![("mail".into(), counts)],
+            ..ClusterTotals::default()
+        });
+        for line in [
+            r#"ojs_job_enqueued_total{queue="mail",type="mail.send"} 1"#,
+            r#"ojs_job_duration_seconds_bucket{queue="mail",type="mail.send",state="completed",le="0.05"} 0"#,
+            r#"ojs_job_duration_seconds_bucket{queue="mail",type="mail.send",state="completed",le="0.1"} 1"#,
+            r#"ojs_job_duration_seconds_bucket{queue="mail",type="mail.send",state="completed",le="+Inf"} 1"#,
+            r#"ojs_queue_depth{queue="mail",state="completed"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+}

@@ -186,6 +186,19 @@ async fn results_and_errors_cannot_grow_a_record_past_what_nats_stores() {
         .await;
     r.assert_error(413, "envelope_too_large");
     assert_eq!(app.job(&id).await["state"], "active");
+    // Progress at its limits (16 KiB of data, 1 KiB of message) fits beside a full history.
+    let r = app
+        .put(
+            &format!("/ojs/v1/jobs/{id}/progress"),
+            json!({"progress": 0.5, "data": {"d": "d".repeat(16_000)}, "message": "m".repeat(1024)}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body["ignored"]),
+        (200, &json!(false)),
+        "{}",
+        r.body
+    );
     let r = app.ack(json!({"job_id": id, "result": {"ok": true}})).await;
     assert_eq!(r.status, 200, "{}", r.body);
 

@@ -37,6 +37,10 @@ const SYSTEM_FIELDS: &[&str] = &[
     "worker_id",
     "parent_results",
     "workflow_id",
+    "progress",
+    "progress_data",
+    "progress_message",
+    "progress_updated_at",
 ];
 
 /// Option keys that may also stand at the top level (core §5.1–§5.2, JSON format §3.1).
@@ -321,6 +325,10 @@ pub fn parse_with_default_exhaustion(
         worker_id: None,
         workflow_id: None,
         parent_results: None,
+        progress: None,
+        progress_data: None,
+        progress_message: None,
+        progress_updated_at: None,
         options: (!unknown_options.is_empty()).then_some(unknown_options),
         extra: obj,
     };

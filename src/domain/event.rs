@@ -149,6 +149,17 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
                 "visible_until": step.until.map(time::format),
             })),
         )],
+        Transition::Progressed => {
+            let mut data = json!({
+                "worker_id": step.worker_id,
+                "attempt": step.attempt,
+                "progress_percent": job.progress.unwrap_or(0.0) * 100.0,
+            });
+            if let Some(message) = &job.progress_message {
+                data["progress_message"] = json!(message);
+            }
+            vec![("job.progress", with(data))]
+        }
         Transition::Expired => {
             let ttl_ms = job
                 .expires_at

@@ -99,6 +99,19 @@ pub struct Job {
     pub next_attempt_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
+    /// Progress of the current attempt, 0 to 1 (progress spec §5; `progress.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_data: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_message: Option<String>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub progress_updated_at: Option<DateTime<Utc>>,
     /// The workflow the job belongs to (workflows spec §7.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow_id: Option<String>,
@@ -183,6 +196,8 @@ pub enum Transition {
     Redelivered,
     /// A worker heartbeat extended the reservation.
     Heartbeat,
+    /// A worker reported progress, which also extended the reservation.
+    Progressed,
     /// `discarded → available` by an operator's dead-letter retry.
     Retried,
     /// `scheduled | available | retryable → discarded`: `expires_at` passed before it ran.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::error::{ErrorCode, OjsError};
 use super::job::{Holder, JobError, JobRecord, Transition};
+use super::progress;
 use super::state::{self, JobState};
 use super::time;
 
@@ -20,10 +21,15 @@ pub const MAX_ERROR_BYTES: usize = 16 * 1024;
 /// it, forty retries with 25 KB backtraces would push the record past what NATS stores.
 pub const MAX_ERROR_HISTORY_BYTES: usize = 32 * 1024;
 /// What a job's record may grow by after PUSH without a client sending more: its latest
-/// error, the error history, the trail, the holder and timestamps. PUSH keeps this much room below the
-/// record limit, so no transition the server makes on its own can be refused for size.
-pub const RECORD_HEADROOM: usize =
-    MAX_ERROR_BYTES + MAX_ERROR_HISTORY_BYTES + super::trail::MAX_TRAIL_BYTES + 4096;
+/// error, the error history, the trail, progress, the holder and timestamps. PUSH keeps
+/// this much room below the record limit, so no transition the server makes on its own can
+/// be refused for size.
+pub const RECORD_HEADROOM: usize = MAX_ERROR_BYTES
+    + MAX_ERROR_HISTORY_BYTES
+    + super::trail::MAX_TRAIL_BYTES
+    + super::progress::MAX_DATA_BYTES
+    + super::progress::MAX_MESSAGE_BYTES
+    + 4096;
 
 /// A worker's failure report (core §8; HTTP binding §10.3).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -77,6 +83,7 @@ pub fn claim(
     job.started_at = Some(now);
     job.worker_id = worker_id.map(str::to_owned);
     job.next_attempt_at = None;
+    progress::clear(job);
     next.holder = Some(Holder {
         worker_id: worker_id.map(str::to_owned),
         ack_subject: delivery.ack_subject.clone(),
@@ -115,6 +122,7 @@ pub fn complete(
     job.completed_at = Some(now);
     job.result = result.filter(|r| !r.is_null());
     job.error = None;
+    progress::complete(job, now);
     next.transition = Transition::Completed;
     Ok(next)
 }
@@ -297,6 +305,17 @@ pub fn worker_died(rec: &JobRecord, now: DateTime<Utc>, worker_id: &str) -> Opti
     let held = rec.job.state == JobState::Active
         && rec.holder.as_ref().and_then(|h| h.worker_id.as_deref()) == Some(worker_id);
     held.then(|| redispatch(lapse(rec, now, LapseCause::WorkerDeath)))
+}
+
+/// How far a BEAT (or a progress report) extends `rec`'s reservation: what it `asked`,
+/// else what the FETCH that claimed the job asked for, else the job's own visibility
+/// timeout, else the server's `default`.
+pub fn beat_visibility(rec: &JobRecord, asked: Option<Duration>, default: Duration) -> Duration {
+    let claimed = rec.holder.as_ref().and_then(|h| h.visibility_ms);
+    asked
+        .or(claimed.map(Duration::from_millis))
+        .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
+        .unwrap_or(default)
 }
 
 /// BEAT for one job (core §7.5): the holder extends its reservation to `now + visibility`.

@@ -241,14 +241,14 @@ fn failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
 }
 
 /// The required `job_id`; one that is no job id names no job (404).
-fn job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
+pub(super) fn job_id(body: &Map<String, Value>) -> Result<String, OjsError> {
     let id = fields::string(body.get("job_id"), "job_id")?
         .ok_or_else(|| missing("job_id", "the job's id"))?;
     parse_job_id(id).ok_or_else(|| OjsError::not_found("job", &truncated(id)))
 }
 
 /// `worker_id`, if given, within the bounds of `validate_worker_id`.
-fn worker_id(body: &Map<String, Value>) -> Result<Option<String>, OjsError> {
+pub(super) fn worker_id(body: &Map<String, Value>) -> Result<Option<String>, OjsError> {
     let id = fields::non_empty_string(body.get("worker_id"), "worker_id")?;
     if let Some(id) = id {
         validate_worker_id(id, "worker_id")?;

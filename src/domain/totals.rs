@@ -91,6 +91,7 @@ impl Tally {
             | Transition::Promoted
             | Transition::Redelivered
             | Transition::Heartbeat
+            | Transition::Progressed
             | Transition::Retried => return None,
         };
         Some(Tally {

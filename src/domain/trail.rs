@@ -83,6 +83,11 @@ impl Step {
                 holder.and_then(|h| h.worker_id.clone()),
                 holder.map(|h| h.visible_until),
             ),
+            Transition::Progressed => (
+                job.progress_updated_at,
+                holder.and_then(|h| h.worker_id.clone()),
+                holder.map(|h| h.visible_until),
+            ),
             Transition::Expired => (job.discarded_at, None, None),
             Transition::Redelivered => (None, None, None),
         };
@@ -100,9 +105,14 @@ impl Step {
 
     /// Whether the write matters to the publisher: a redelivery has no event and changes
     /// no count (the creation of a pending job has no event, but counts), so it needs no
-    /// place in a trail.
+    /// place in a trail. Nor does a progress report: its event tells the progress of the
+    /// moment, which a later report or the job's end supersedes, and frequent reports
+    /// would push the steps that do matter out of a full trail.
     fn matters(&self) -> bool {
-        self.transition != Transition::Redelivered
+        !matches!(
+            self.transition,
+            Transition::Redelivered | Transition::Progressed
+        )
     }
 }
 

@@ -10,6 +10,7 @@ mod error;
 mod events;
 mod extract;
 mod jobs;
+mod progress;
 mod queues;
 mod system;
 mod workers;
@@ -67,11 +68,16 @@ pub fn router(state: SharedState) -> Router {
         .route("/ojs/v1/jobs/bulk/delete", post(bulk::delete))
         .route("/ojs/v1/jobs/{id}", get(jobs::info).delete(jobs::cancel))
         .route("/ojs/v1/jobs/{id}/activate", post(jobs::activate))
+        .route(
+            "/ojs/v1/jobs/{id}/progress",
+            get(progress::get).put(progress::put),
+        )
         .route("/ojs/v1/workers/fetch", post(workers::fetch))
         .route("/ojs/v1/workers/ack", post(workers::ack))
         .route("/ojs/v1/workers/nack", post(workers::fail))
         .route("/ojs/v1/workers/fail", post(workers::fail))
         .route("/ojs/v1/workers/heartbeat", post(workers::heartbeat))
+        .route("/ojs/v1/workers/progress", post(progress::post))
         .route("/ojs/v1/queues", get(queues::list))
         .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
         .route("/ojs/v1/queues/{name}/pause", post(queues::pause))

@@ -79,6 +79,7 @@ pub async fn manifest() -> Response {
                 "pause_resume": true,
                 "queue_stats": true,
                 "events": true,
+                "progress": true,
             },
             "unique_job_strength": "strong",
             "queue_strategies": ["strict", "weighted"],

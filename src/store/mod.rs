@@ -14,6 +14,7 @@ mod fetch;
 mod handled;
 mod lease;
 mod mirror;
+mod progress;
 mod pruner;
 mod puller;
 mod queue_ops;
@@ -50,6 +51,7 @@ pub use enqueue::Enqueued;
 pub use error::backend;
 pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
 pub use lease::Lease;
+pub use progress::Reported;
 pub use pruner::{StoredWrite, WriteBody};
 pub use queue_ops::QueueStats;
 pub use queues::QueueMeta;
@@ -135,6 +137,8 @@ struct Inner {
     /// PUSH's cap on pending timers, and the count it is checked against.
     max_pending_timers: u64,
     timer_count: timers::TimerCount,
+    /// Spaces this gateway's progress writes of a job a second apart (`progress.rs`).
+    progress: std::sync::Mutex<crate::domain::progress::Throttle>,
     /// Cancelled at shutdown: long-polling FETCHes stop waiting.
     stop_waiting: CancellationToken,
     failpoints: Failpoints,
@@ -292,6 +296,7 @@ impl Store {
                 timer_horizon_ms: cfg.timer_horizon_ms,
                 max_pending_timers: cfg.max_pending_timers,
                 timer_count: timers::TimerCount::default(),
+                progress: std::sync::Mutex::default(),
                 stop_waiting: CancellationToken::new(),
                 failpoints: cfg.failpoints(),
             }),

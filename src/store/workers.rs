@@ -2,8 +2,6 @@
 //! a worker holds, the worker registry with last-seen times and operator directives, and
 //! dead-worker recovery for workers that stop heartbeating.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -80,11 +78,7 @@ impl Store {
         let extended = beat.active_job_ids.iter().map(|id| async move {
             let settled = self
                 .transition(id, |rec, now| {
-                    let claimed = rec.holder.as_ref().and_then(|h| h.visibility_ms);
-                    let vis = visibility
-                        .or(claimed.map(Duration::from_millis))
-                        .or(rec.job.visibility_timeout_ms.map(Duration::from_millis))
-                        .unwrap_or(default_visibility);
+                    let vis = lifecycle::beat_visibility(rec, visibility, default_visibility);
                     Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))
                 })
                 .await;

@@ -159,6 +159,25 @@ impl JobContext {
         Ok(())
     }
 
+    /// Reports this job's progress (progress spec §6): `fraction` of the work done, 0 to 1
+    /// (clamped; a lower value than before is ignored), with an optional message. It also
+    /// extends the reservation like [`JobContext::heartbeat`]. The server stores at most
+    /// one report a second per job, always the latest.
+    ///
+    /// # Errors
+    /// When the server cannot be reached or refuses the report.
+    pub async fn progress(&self, fraction: f64, message: Option<&str>) -> Result<(), ClientError> {
+        let mut body = json!({"progress": fraction, "worker_id": self.worker_id});
+        if let Some(message) = message {
+            body["message"] = json!(message);
+        }
+        let path = format!("/ojs/v1/jobs/{}/progress", self.id);
+        self.client
+            .call(reqwest::Method::PUT, &path, Some(body))
+            .await?;
+        Ok(())
+    }
+
     /// Fires when the server reports the job cancelled (or the worker is going down hard).
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancel

@@ -465,6 +465,18 @@ impl TestApp {
         Self::reply(resp).await
     }
 
+    pub async fn put(&self, path: &str, body: Value) -> Reply {
+        let resp = self
+            .http
+            .put(self.url(path))
+            .header("content-type", "application/openjobspec+json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        Self::reply(resp).await
+    }
+
     pub async fn post_raw(&self, path: &str, content_type: Option<&str>, body: Vec<u8>) -> Reply {
         let mut req = self.http.post(self.url(path)).body(body);
         if let Some(ct) = content_type {

@@ -56,6 +56,7 @@ pub async fn run(
         metrics,
         keys,
         started: Instant::now(),
+        event_streams: Arc::new(tokio::sync::Semaphore::new(crate::http::MAX_EVENT_STREAMS)),
     });
     let addr = listener
         .local_addr()

@@ -177,6 +177,14 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
         }
         Transition::Redelivered => vec![],
     };
+    let mut items = items;
+    // The write's move from one state to another, on its last event (realtime spec §4.1).
+    if let (Some(from), Some((_, Value::Object(data)))) = (
+        step.from.filter(|from| *from != step.state),
+        items.last_mut(),
+    ) {
+        data.insert("previous_state".into(), json!(from));
+    }
     items
         .into_iter()
         .enumerate()
@@ -194,6 +202,21 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
             data,
         })
         .collect()
+}
+
+/// The `job.state_changed` notice (realtime spec §4.1) of an event that ends a write
+/// moving its job from one state to another (its data names `previous_state`).
+pub fn state_changed(e: &Event) -> Option<Value> {
+    let data = &e.data;
+    let from = data.get("previous_state")?;
+    Some(json!({
+        "job_id": data.get("job_id")?,
+        "queue": data.get("queue")?,
+        "type": data.get("job_type")?,
+        "from": from,
+        "to": data.get("state")?,
+        "timestamp": time::format(e.time),
+    }))
 }
 
 /// The error reported at `attempt`: the latest, else the history's entry (which keeps at
@@ -415,5 +438,17 @@ mod tests {
             .map(|e| e.event_type)
             .collect();
         assert_eq!(types, ["job.failed", "job.discarded"]);
+
+        // The write's move is on its last event only, for realtime's job.state_changed.
+        let mut gone = gone;
+        gone.from = Some(JobState::Active);
+        let events = job_events(&gone, 3, "s");
+        assert_eq!(state_changed(&events[0]), None);
+        let moved = state_changed(&events[1]).unwrap();
+        assert_eq!(
+            (moved["from"].as_str(), moved["to"].as_str()),
+            (Some("active"), Some("discarded"))
+        );
+        assert_eq!(moved["type"], "t.x");
     }
 }

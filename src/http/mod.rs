@@ -12,6 +12,7 @@ mod extract;
 mod jobs;
 mod progress;
 mod queues;
+mod stream;
 mod system;
 mod workers;
 mod workflows;
@@ -47,9 +48,13 @@ pub struct AppState {
     /// The API keys the routes ask for.
     pub keys: auth::Keys,
     pub started: Instant,
+    /// Live event streams this gateway may still open (`stream.rs`).
+    pub event_streams: Arc<tokio::sync::Semaphore>,
 }
 
 pub type SharedState = Arc<AppState>;
+
+pub use stream::MAX_STREAMS as MAX_EVENT_STREAMS;
 
 /// The whole HTTP API.
 pub fn router(state: SharedState) -> Router {
@@ -95,6 +100,9 @@ pub fn router(state: SharedState) -> Router {
             post(admin::terminate),
         )
         .route("/ojs/v1/events", get(events::list))
+        .route("/ojs/v1/events/stream", get(stream::events))
+        .route("/ojs/v1/jobs/{id}/events", get(stream::job))
+        .route("/ojs/v1/queues/{name}/events", get(stream::queue))
         .route("/ojs/v1/cron", post(cron::register).get(cron::list))
         .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete))
         .route("/ojs/v1/workflows", post(workflows::create))

@@ -158,6 +158,102 @@ impl Store {
         });
         Ok(page)
     }
+
+    /// Follows the events stream from `from`, for one live stream. Only one event type
+    /// can be filtered by NATS (`only_type`); other filters are the caller's. The consumer
+    /// is in memory, unacknowledged, and NATS removes it 10 s after its reader is gone.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn follow_events(
+        &self,
+        from: FollowFrom,
+        only_type: Option<&str>,
+    ) -> Result<EventFeed, OjsError> {
+        let mut stream = self.inner.events.clone();
+        let state = stream
+            .info()
+            .await
+            .map_err(backend("reading the events stream"))?
+            .state
+            .clone();
+        let consumer: PullConsumer = stream
+            .create_consumer(pull::Config {
+                deliver_policy: match from {
+                    FollowFrom::Now => DeliverPolicy::New,
+                    FollowFrom::After(seq) => DeliverPolicy::ByStartSequence {
+                        start_sequence: seq.saturating_add(1),
+                    },
+                },
+                filter_subject: only_type
+                    .map(|t| self.inner.topology.event_subject(t))
+                    .unwrap_or_default(),
+                ack_policy: AckPolicy::None,
+                inactive_threshold: Duration::from_secs(10),
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend("opening an event feed"))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(backend("opening an event feed"))?;
+        let first_stored_at = (state.messages > 0).then(|| {
+            let at = state.first_timestamp;
+            chrono::DateTime::from_timestamp(at.unix_timestamp(), at.nanosecond())
+                .unwrap_or_default()
+        });
+        Ok(EventFeed {
+            messages,
+            first_stored: if state.messages > 0 {
+                state.first_sequence
+            } else {
+                0
+            },
+            first_stored_at,
+        })
+    }
+}
+
+/// Where a followed event feed starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowFrom {
+    /// With the next event stored.
+    Now,
+    /// After this events-stream sequence (an SSE client's `Last-Event-ID`).
+    After(u64),
+}
+
+/// Events as they are stored, for one live stream (`Store::follow_events`): a consumer of
+/// this stream alone, so a slow reader holds up nobody but itself.
+pub struct EventFeed {
+    messages: pull::Stream,
+    /// The first event still stored when the feed opened (0: none).
+    pub first_stored: u64,
+    /// When that event was stored.
+    pub first_stored_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl EventFeed {
+    /// The next event and its stream sequence; `None` when NATS ends the feed (the caller
+    /// closes its stream, and the client reconnects with the last id it got).
+    pub async fn next(&mut self) -> Option<(u64, Event)> {
+        loop {
+            let msg = match self.messages.next().await? {
+                Ok(msg) => msg,
+                Err(err) => {
+                    warn!(error = %err, "an event feed failed");
+                    return None;
+                }
+            };
+            let Ok(info) = msg.info() else { continue };
+            let sequence = info.stream_sequence;
+            if let Ok(event) = serde_json::from_slice::<Event>(&msg.payload) {
+                return Some((sequence, event));
+            }
+        }
+    }
 }
 
 /// The feed of job-record writes, in bucket order, for the event publisher. Each write is

@@ -49,7 +49,7 @@ pub use cron::TickOutcome;
 pub use dead_letter::DeadLetterPage;
 pub use enqueue::Enqueued;
 pub use error::backend;
-pub use events::{EventPage, EventQuery, JobWrite, JobWrites};
+pub use events::{EventFeed, EventPage, EventQuery, FollowFrom, JobWrite, JobWrites};
 pub use lease::Lease;
 pub use progress::Reported;
 pub use pruner::{StoredWrite, WriteBody};
@@ -301,6 +301,11 @@ impl Store {
                 failpoints: cfg.failpoints(),
             }),
         })
+    }
+
+    /// Cancelled when the gateway begins to shut down: live event streams end with it.
+    pub fn shutting_down(&self) -> CancellationToken {
+        self.inner.stop_waiting.clone()
     }
 
     pub fn topology(&self) -> &Topology {

@@ -1,7 +1,7 @@
 //! Progress reports (progress spec §6): each is a heartbeat that also carries progress,
 //! written to the job record by compare-and-set. The gateway's throttle spaces the writes
 //! of one job a second apart; reports in between gather into the next write, which a
-//! task of this gateway makes at the end of the second (architecture §3.22).
+//! task of this gateway makes at the end of the second (architecture §3.22, §4 PROGRESS).
 
 use tokio::time::Instant;
 use tracing::debug;

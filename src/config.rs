@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 use crate::http::auth::ApiKeys;
+pub use crate::telemetry::logs::LogFormat;
 
 /// Every setting, with its default. `config/ojs-jetstream.toml` documents each one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +93,12 @@ pub struct Config {
     /// out: `discard` (core §5.2) or `dead_letter` — for clients whose retry policies cannot
     /// say it.
     pub default_on_exhaustion: OnExhaustion,
+    /// `text` (for people) or `json` (one OJS logging-spec record a line, for collectors).
+    pub log_format: LogFormat,
+    /// The leader logs every job transition once for the cluster (enqueued, completed,
+    /// retried, discarded…, logging spec §6.1). Off by default: at thousands of jobs a
+    /// second these are most of the log.
+    pub log_job_transitions: bool,
     /// API keys a client sends as `Authorization: Bearer <key>`; when any is set, every route
     /// but the open ones needs one (401 otherwise). Each is the key itself (at least 32
     /// characters, e.g. `openssl rand -hex 32`) or `sha256:<64 hex digits>`, its SHA-256, so
@@ -166,6 +173,8 @@ impl Default for Config {
             timer_horizon_ms: 60_000,
             max_pending_timers: 5_000_000,
             default_on_exhaustion: OnExhaustion::Discard,
+            log_format: LogFormat::Text,
+            log_job_transitions: false,
             api_keys: KeyList::default(),
             admin_api_keys: KeyList::default(),
             open_health_and_metrics: true,

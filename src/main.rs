@@ -56,7 +56,6 @@ async fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    telemetry::init_tracing();
     let config = match Config::load() {
         Ok(c) => c,
         Err(err) => {
@@ -64,6 +63,7 @@ async fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    telemetry::init_tracing(config.log_format);
     let listener = match TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(err) => {

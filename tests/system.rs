@@ -4,7 +4,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer};
+use common::{
+    dead_letter_a_job, eventually, job_on, spawn_app, spawn_app_with, test_config, GatewayProcess,
+    NatsServer,
+};
 use ojs_jetstream::config::Config;
 use serde_json::json;
 
@@ -117,4 +120,151 @@ async fn jobs_survive_gateway_and_nats_restarts() {
     let app = spawn_app_with(test_config(&nats.url)).await;
     assert_eq!(app.job(&id).await["state"], "available");
     assert_eq!(app.fetch(&["durable"], "w").await[0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_routes_the_router_serves() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let doc = app.get("/ojs/v1/openapi.json").await.body;
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() > 40, "{}", paths.len());
+    let mut ids = std::collections::HashSet::new();
+    let mut tried = 0;
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{id}", "019539a4-b68c-7def-8000-1a2b3c4d5e6f")
+            .replace("{name}", "some-queue");
+        for method in ["get", "post", "put", "delete", "patch"] {
+            let documented = ops.get(method);
+            if let Some(op) = documented {
+                assert!(ids.insert(op["operationId"].to_string()), "{op}");
+                assert!(op["summary"].as_str().is_some_and(|s| !s.is_empty()));
+            }
+            let mut req = app
+                .http
+                .request(method.to_uppercase().parse().unwrap(), app.url(&concrete));
+            if method == "post" || method == "put" {
+                req = req.header("content-type", "application/json").body("{}");
+            }
+            // Headers are enough: a live event stream is answered 200 and then dropped.
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = if resp.headers()["content-type"] == "text/event-stream" {
+                serde_json::Value::Null
+            } else {
+                resp.json().await.unwrap_or_default()
+            };
+            let no_route = status == 404 && body["error"]["details"]["resource_type"] == "route";
+            if documented.is_some() {
+                assert!(
+                    status != 405 && !no_route,
+                    "{method} {path}: {status} {body}"
+                );
+                tried += 1;
+            } else {
+                assert_eq!(
+                    status, 405,
+                    "{method} {path} is served but not documented: {body}"
+                );
+            }
+        }
+    }
+    assert_eq!(tried, ids.len());
+    // Nothing else is served.
+    let r = app.get("/ojs/v1/not-a-route").await;
+    assert_eq!(r.body["error"]["details"]["resource_type"], "route");
+    // Who may call what comes from the API key rules.
+    assert_eq!(
+        paths["/ojs/v1/queues/{name}/pause"]["post"]["x-ojs-admin"],
+        true
+    );
+    assert_eq!(
+        paths["/ojs/v1/jobs"]["post"]["security"],
+        json!([{"apiKey": []}])
+    );
+    assert_eq!(
+        paths["/ojs/v1/jobs/{id}"]["get"]["parameters"][0]["name"],
+        "id"
+    );
+}
+
+#[tokio::test]
+async fn json_logs_are_ojs_logging_records_and_the_leader_logs_each_transition() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let env = [
+        ("OJS_LOG_FORMAT", "json"),
+        ("OJS_LOG_JOB_TRANSITIONS", "true"),
+        ("RUST_LOG", "info"),
+    ];
+    let gw = GatewayProcess::start_logging_to(&nats.url, &env, Some(&log)).await;
+    let app = gw.client();
+    let done = app.enqueue(job_on("logged")).await;
+    app.fetch(&["logged"], "w1").await;
+    app.ack(json!({"job_id": done})).await;
+    let gone = dead_letter_a_job(&app, "logged").await;
+    let records = eventually(
+        Duration::from_secs(10),
+        "the transitions in the log",
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let records: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+                .collect();
+            let has = |message: &str, id: &str| {
+                records
+                    .iter()
+                    .any(|r| r["message"] == message && r["ojs"]["job_id"] == id)
+            };
+            (has("Job completed successfully", &done)
+                && has("Job discarded after 1 attempts", &gone))
+            .then_some(records)
+        },
+    )
+    .await;
+    for r in &records {
+        for field in ["timestamp", "severity", "message", "component"] {
+            assert!(r[field].is_string(), "{field} in {r}");
+        }
+        assert!(r["severity_number"].is_u64(), "{r}");
+    }
+    let completed = records
+        .iter()
+        .find(|r| r["message"] == "Job completed successfully")
+        .unwrap();
+    assert_eq!(completed["severity"], "INFO");
+    assert_eq!(completed["category"], "lifecycle");
+    assert_eq!(completed["ojs"]["queue"], "logged");
+    assert_eq!(completed["ojs"]["state"], "completed");
+    let discarded = records
+        .iter()
+        .find(|r| {
+            r["ojs"]["job_id"] == gone.as_str()
+                && r["category"] == "lifecycle"
+                && r["severity"] == "ERROR"
+        })
+        .unwrap();
+    assert_eq!(discarded["severity_number"], 17);
+    assert!(records
+        .iter()
+        .any(|r| r["message"] == "ojs-jetstream listening" && r["attributes"]["addr"].is_string()));
+
+    // An unknown format stops the gateway at start, naming the setting.
+    let mut bad = std::process::Command::new(env!("CARGO_BIN_EXE_ojs-jetstream"))
+        .arg("serve")
+        .env("OJS_CONFIG", "/nonexistent/ojs-jetstream.toml")
+        .env("OJS_LOG_FORMAT", "xml")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = bad.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(bad.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.to_lowercase().contains("log_format"), "{err}");
 }

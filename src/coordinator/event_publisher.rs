@@ -22,6 +22,7 @@ use crate::domain::totals::Tally;
 use crate::domain::trail::Step;
 use crate::domain::workflow;
 use crate::store::{ended_lock, JobWrite, Store};
+use crate::telemetry::logs;
 use crate::telemetry::metrics::Metrics;
 
 /// Pause before publishing again what NATS refused.
@@ -204,6 +205,9 @@ impl EventPublisher {
                 _ = cancel.cancelled() => return false,
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}
             }
+        }
+        if self.store.log_job_transitions() {
+            events.iter().for_each(logs::job_transition);
         }
         // Workflows move on after the events of the writes that moved them.
         while let Err(err) = self.store.advance_workflows(&workflows).await {

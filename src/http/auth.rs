@@ -143,7 +143,7 @@ impl Keys {
 
 /// What a route asks of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Access {
+pub(super) enum Access {
     /// Browsers' CORS preflights carry no credentials.
     Open,
     /// Health, probes and metrics: open when `open_health_and_metrics` says so.
@@ -153,7 +153,7 @@ enum Access {
     Admin,
 }
 
-fn access(method: &Method, path: &str) -> Access {
+pub(super) fn access(method: &Method, path: &str) -> Access {
     if method == Method::OPTIONS {
         return Access::Open;
     }

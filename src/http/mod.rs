@@ -10,6 +10,7 @@ mod error;
 mod events;
 mod extract;
 mod jobs;
+mod openapi;
 mod progress;
 mod queues;
 mod stream;
@@ -24,10 +25,10 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::Router;
 use serde::Serialize;
 use tracing::error;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::config::Config;
@@ -54,65 +55,258 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+use openapi::Routes;
 pub use stream::MAX_STREAMS as MAX_EVENT_STREAMS;
 
-/// The whole HTTP API.
+/// The whole HTTP API. Every route goes through `Routes::add`, which also documents it
+/// for `GET /ojs/v1/openapi.json`.
 pub fn router(state: SharedState) -> Router {
-    let mut api = Router::new()
-        .route("/ojs/manifest", get(system::manifest))
-        .route("/ojs/v1/health", get(system::health))
-        .route("/ojs/v1/health/live", get(system::live))
-        .route("/healthz", get(system::live))
-        .route("/ojs/v1/health/ready", get(system::ready))
-        .route("/readyz", get(system::ready))
-        .route("/metrics", get(system::metrics))
-        .route("/ojs/v1/jobs", post(jobs::enqueue))
-        .route("/ojs/v1/jobs/batch", post(jobs::enqueue_batch))
-        .route("/ojs/v1/jobs/bulk/cancel", post(bulk::cancel))
-        .route("/ojs/v1/jobs/bulk/retry", post(bulk::retry))
-        .route("/ojs/v1/jobs/bulk/delete", post(bulk::delete))
-        .route("/ojs/v1/jobs/{id}", get(jobs::info).delete(jobs::cancel))
-        .route("/ojs/v1/jobs/{id}/activate", post(jobs::activate))
-        .route(
+    use axum::http::Method as M;
+    let mut api = Routes::new()
+        .add(
+            M::GET,
+            "/ojs/manifest",
+            "What this server implements",
+            system::manifest,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/health",
+            "Health and NATS connectivity",
+            system::health,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/health/live",
+            "Liveness: the process serves HTTP",
+            system::live,
+        )
+        .add(M::GET, "/healthz", "Liveness (alias)", system::live)
+        .add(
+            M::GET,
+            "/ojs/v1/health/ready",
+            "Readiness: 503 while NATS is unreachable",
+            system::ready,
+        )
+        .add(M::GET, "/readyz", "Readiness (alias)", system::ready)
+        .add(M::GET, "/metrics", "Prometheus metrics", system::metrics)
+        .add(
+            M::POST,
+            "/ojs/v1/jobs",
+            "Enqueue a job (PUSH)",
+            jobs::enqueue,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/jobs/batch",
+            "Enqueue jobs, all or none",
+            jobs::enqueue_batch,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/jobs/bulk/cancel",
+            "Cancel jobs by id",
+            bulk::cancel,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/jobs/bulk/retry",
+            "Retry discarded or retryable jobs by id",
+            bulk::retry,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/jobs/bulk/delete",
+            "Delete finished jobs by id",
+            bulk::delete,
+        )
+        .add(M::GET, "/ojs/v1/jobs/{id}", "A job (INFO)", jobs::info)
+        .add(
+            M::DELETE,
+            "/ojs/v1/jobs/{id}",
+            "Cancel a job (CANCEL)",
+            jobs::cancel,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/jobs/{id}/activate",
+            "Release a pending job",
+            jobs::activate,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/jobs/{id}/progress",
-            get(progress::get).put(progress::put),
+            "A job's progress",
+            progress::get,
         )
-        .route("/ojs/v1/workers/fetch", post(workers::fetch))
-        .route("/ojs/v1/workers/ack", post(workers::ack))
-        .route("/ojs/v1/workers/nack", post(workers::fail))
-        .route("/ojs/v1/workers/fail", post(workers::fail))
-        .route("/ojs/v1/workers/heartbeat", post(workers::heartbeat))
-        .route("/ojs/v1/workers/progress", post(progress::post))
-        .route("/ojs/v1/queues", get(queues::list))
-        .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
-        .route("/ojs/v1/queues/{name}/pause", post(queues::pause))
-        .route("/ojs/v1/queues/{name}/resume", post(queues::resume))
-        .route("/ojs/v1/dead-letter", get(dead_letter::list))
-        .route(
+        .add(
+            M::PUT,
+            "/ojs/v1/jobs/{id}/progress",
+            "Report progress (also a heartbeat)",
+            progress::put,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/jobs/{id}/events",
+            "A job's live events (SSE)",
+            stream::job,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/fetch",
+            "Claim jobs (FETCH)",
+            workers::fetch,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/ack",
+            "Report success (ACK)",
+            workers::ack,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/nack",
+            "Report failure (FAIL)",
+            workers::fail,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/fail",
+            "Report failure (FAIL)",
+            workers::fail,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/heartbeat",
+            "A worker's heartbeat (BEAT)",
+            workers::heartbeat,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workers/progress",
+            "Report progress as a percentage",
+            progress::post,
+        )
+        .add(M::GET, "/ojs/v1/queues", "Queues", queues::list)
+        .add(
+            M::GET,
+            "/ojs/v1/queues/{name}/stats",
+            "A queue's statistics",
+            queues::stats,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/queues/{name}/pause",
+            "Pause a queue",
+            queues::pause,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/queues/{name}/resume",
+            "Resume a queue",
+            queues::resume,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/queues/{name}/events",
+            "A queue's live events (SSE)",
+            stream::queue,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/dead-letter",
+            "Dead-lettered jobs",
+            dead_letter::list,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/dead-letter/{id}",
-            get(dead_letter::get).delete(dead_letter::delete),
+            "A dead-lettered job",
+            dead_letter::get,
         )
-        .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
-        .route("/ojs/v1/admin/workers/{id}", get(admin::worker))
-        .route("/ojs/v1/admin/workers/{id}/quiet", post(admin::quiet))
-        .route(
+        .add(
+            M::DELETE,
+            "/ojs/v1/dead-letter/{id}",
+            "Delete a dead-lettered job",
+            dead_letter::delete,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/dead-letter/{id}/retry",
+            "Retry a dead-lettered job",
+            dead_letter::retry,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/workers/{id}",
+            "A worker's registry entry",
+            admin::worker,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/workers/{id}/quiet",
+            "Tell a worker to stop fetching",
+            admin::quiet,
+        )
+        .add(
+            M::POST,
             "/ojs/v1/admin/workers/{id}/terminate",
-            post(admin::terminate),
+            "Tell a worker to stop",
+            admin::terminate,
         )
-        .route("/ojs/v1/events", get(events::list))
-        .route("/ojs/v1/events/stream", get(stream::events))
-        .route("/ojs/v1/jobs/{id}/events", get(stream::job))
-        .route("/ojs/v1/queues/{name}/events", get(stream::queue))
-        .route("/ojs/v1/cron", post(cron::register).get(cron::list))
-        .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete))
-        .route("/ojs/v1/workflows", post(workflows::create))
-        .route(
+        .add(
+            M::GET,
+            "/ojs/v1/events",
+            "Page through stored events",
+            events::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/events/stream",
+            "Live events (SSE), by channel",
+            stream::events,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/cron",
+            "Register or replace a cron entry",
+            cron::register,
+        )
+        .add(M::GET, "/ojs/v1/cron", "Cron entries", cron::list)
+        .add(M::GET, "/ojs/v1/cron/{name}", "A cron entry", cron::get)
+        .add(
+            M::DELETE,
+            "/ojs/v1/cron/{name}",
+            "Remove a cron entry",
+            cron::delete,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workflows",
+            "Create a workflow",
+            workflows::create,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/workflows/{id}",
-            get(workflows::get).delete(workflows::cancel),
+            "A workflow and its steps",
+            workflows::get,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/workflows/{id}",
+            "Cancel a workflow",
+            workflows::cancel,
         );
     if state.config.allow_reset {
-        api = api.route("/ojs/v1/admin/reset", post(admin::reset));
+        api = api.add(
+            M::POST,
+            "/ojs/v1/admin/reset",
+            "Delete all data (allow_reset only)",
+            admin::reset,
+        );
     }
+    let api = api.finish();
     api.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -198,7 +392,10 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
         .map(|v| v.to_str().unwrap_or("?").trim().to_owned());
 
     let mut response = match version.as_deref() {
-        None | Some("1" | "1.0" | "1.0.0-rc.1") => next.run(req).await,
+        None | Some("1" | "1.0" | "1.0.0-rc.1") => {
+            let span = tracing::info_span!("request", request_id = %request_id, method = %method, route = %route);
+            next.run(req).instrument(span).await
+        }
         Some(other) => ApiError(OjsError::new(
             ErrorCode::Unsupported,
             format!("OJS-Version {other:?} is not supported; this server speaks 1.0."),

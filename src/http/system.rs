@@ -85,7 +85,7 @@ pub async fn manifest() -> Response {
             "queue_strategies": ["strict", "weighted"],
             "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
             "extensions": {"official": []},
-            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream"},
+            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream", "openapi": "/ojs/v1/openapi.json"},
         }),
     )
 }

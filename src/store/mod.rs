@@ -139,6 +139,8 @@ struct Inner {
     timer_count: timers::TimerCount,
     /// Spaces this gateway's progress writes of a job a second apart (`progress.rs`).
     progress: std::sync::Mutex<crate::domain::progress::Throttle>,
+    /// Whether the leader logs each job transition (`log_job_transitions`).
+    log_job_transitions: bool,
     /// Cancelled at shutdown: long-polling FETCHes stop waiting.
     stop_waiting: CancellationToken,
     failpoints: Failpoints,
@@ -297,10 +299,16 @@ impl Store {
                 max_pending_timers: cfg.max_pending_timers,
                 timer_count: timers::TimerCount::default(),
                 progress: std::sync::Mutex::default(),
+                log_job_transitions: cfg.log_job_transitions,
                 stop_waiting: CancellationToken::new(),
                 failpoints: cfg.failpoints(),
             }),
         })
+    }
+
+    /// Whether the leader logs each job transition.
+    pub fn log_job_transitions(&self) -> bool {
+        self.inner.log_job_transitions
     }
 
     /// Cancelled when the gateway begins to shut down: live event streams end with it.

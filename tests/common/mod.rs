@@ -558,6 +558,15 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub async fn start(nats_url: &str, extra_env: &[(&str, &str)]) -> GatewayProcess {
+        GatewayProcess::start_logging_to(nats_url, extra_env, None).await
+    }
+
+    /// As [`GatewayProcess::start`], with the process's stderr (its log) written to `log`.
+    pub async fn start_logging_to(
+        nats_url: &str,
+        extra_env: &[(&str, &str)],
+        log: Option<&std::path::Path>,
+    ) -> GatewayProcess {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ojs-jetstream"));
         cmd.arg("serve")
@@ -567,7 +576,10 @@ impl GatewayProcess {
             .env("OJS_LEASE_TTL_MS", "900")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(match log {
+                Some(path) => Stdio::from(std::fs::File::create(path).expect("a log file")),
+                None => Stdio::null(),
+            });
         for (k, v) in extra_env {
             cmd.env(k, v);
         }

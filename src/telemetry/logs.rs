@@ -2,7 +2,8 @@
 //! spec (§5): `timestamp` (milliseconds), `severity` and its OpenTelemetry number,
 //! `message`, `component: "server"`, `category`, the job's fields under `ojs`, trace ids
 //! under `trace`, everything else under `attributes`. The fields of the spans an event
-//! happens in count as its own, so a log inside a request carries its `request_id`.
+//! happens in count as its own, so with `RUST_LOG=debug` (which turns the per-request span
+//! on) a log inside a request carries its `request_id`.
 //! With `log_job_transitions`, the leader logs each job transition once for the cluster
 //! (spec §6.1, [`job_transition`]).
 

@@ -7,10 +7,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
+use super::extract::{event_types, query_list};
 use super::{respond, ApiError, SharedState};
-use crate::domain::envelope::validate_type;
 use crate::domain::error::OjsError;
-use crate::domain::fields::truncated;
 use crate::store::EventQuery;
 
 const DEFAULT_LIMIT: usize = 100;
@@ -22,31 +21,7 @@ pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let list = |key: &str| -> Vec<String> {
-        params
-            .get(key)
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut types = list("types");
-    types.extend(list("event_types"));
-    // A type becomes part of a subject filter: only the event vocabulary's shape is accepted.
-    if let Some(bad) = types.iter().find(|t| validate_type(t).is_err()) {
-        return Err(OjsError::invalid(
-            "types",
-            format!(
-                "types must list event types such as job.completed, got {:?}.",
-                truncated(bad)
-            ),
-        )
-        .into());
-    }
+    let types = event_types(&params)?;
     let limit = match params.get("limit") {
         None => DEFAULT_LIMIT,
         Some(v) => v
@@ -76,8 +51,8 @@ pub async fn list(
     };
     let query = EventQuery {
         types,
-        queues: list("queues"),
-        job_types: list("job_types"),
+        queues: query_list(&params, "queues"),
+        job_types: query_list(&params, "job_types"),
         after,
         limit,
     };

@@ -8,8 +8,9 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use crate::domain::envelope::check_depth;
+use crate::domain::envelope::{check_depth, validate_type};
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::fields::truncated;
 
 /// A request body that is a JSON object (HTTP binding §6.1).
 pub struct JsonObject(pub Map<String, Value>);
@@ -78,6 +79,42 @@ fn check_content_type(req: &Request) -> Result<(), ApiError> {
             format!("Content-Type {media:?} is not supported; use application/openjobspec+json or application/json."),
         )
         .into())
+    }
+}
+
+/// A comma-separated query parameter's items (`a,b, c`), empty when absent.
+pub fn query_list(params: &std::collections::HashMap<String, String>, key: &str) -> Vec<String> {
+    params
+        .get(key)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The event types a query names in `types` or `event_types` (both spellings are in use).
+/// A type becomes part of a subject filter: only the event vocabulary's shape is accepted.
+///
+/// # Errors
+/// 400 naming the parameter for a type of another shape.
+pub fn event_types(
+    params: &std::collections::HashMap<String, String>,
+) -> Result<Vec<String>, OjsError> {
+    let mut types = query_list(params, "types");
+    types.extend(query_list(params, "event_types"));
+    match types.iter().find(|t| validate_type(t).is_err()) {
+        Some(bad) => Err(OjsError::invalid(
+            "event_types",
+            format!(
+                "event_types must list event types such as job.completed, got {:?}.",
+                truncated(bad)
+            ),
+        )),
+        None => Ok(types),
     }
 }
 

@@ -17,8 +17,9 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::extract::event_types;
 use super::{job_id, ApiError, SharedState};
-use crate::domain::envelope::{parse_job_id, validate_queue, validate_type};
+use crate::domain::envelope::{parse_job_id, validate_queue};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::event::{state_changed, Event};
 use crate::domain::fields::truncated;
@@ -95,27 +96,10 @@ struct Filter {
 
 impl Filter {
     fn from_query(channel: Channel, params: &HashMap<String, String>) -> Result<Filter, OjsError> {
-        let types: Vec<String> = params
-            .get("event_types")
-            .or_else(|| params.get("types"))
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(bad) = types.iter().find(|t| validate_type(t).is_err()) {
-            return Err(OjsError::invalid(
-                "event_types",
-                format!(
-                    "event_types must list event types such as job.completed, got {:?}.",
-                    truncated(bad)
-                ),
-            ));
-        }
-        Ok(Filter { channel, types })
+        Ok(Filter {
+            channel,
+            types: event_types(params)?,
+        })
     }
 
     fn wants(&self, event_type: &str) -> bool {

@@ -144,7 +144,18 @@ impl Store {
             .try_fold(0u64, |n, _| async move { Ok(n + 1) })
             .await
             .map_err(backend("listing the worker registry"))?;
-        let counted = cas::read::<Counted>(
+        let counted = self.counted_through().await?;
+        Ok(ClusterTotals {
+            queues,
+            workers,
+            unhandled_writes: self.last_job_write().await?.saturating_sub(counted),
+            timers_pending: self.timers_stored().await?,
+        })
+    }
+
+    /// The mark: every job write up to it is counted.
+    async fn counted_through(&self) -> Result<u64, OjsError> {
+        Ok(cas::read::<Counted>(
             &self.inner.stats,
             COUNTED,
             Replica::Nearest,
@@ -152,13 +163,8 @@ impl Store {
         )
         .await?
         .value
-        .unwrap_or_default();
-        Ok(ClusterTotals {
-            queues,
-            workers,
-            unhandled_writes: self.last_job_write().await?.saturating_sub(counted.through),
-            timers_pending: self.timers_stored().await?,
-        })
+        .unwrap_or_default()
+        .through)
     }
 
     /// The sequence of the last job write stored.
@@ -185,24 +191,14 @@ impl Store {
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         loop {
-            let counted = cas::read::<Counted>(
-                &self.inner.stats,
-                COUNTED,
-                Replica::Nearest,
-                "counting mark",
-            )
-            .await?
-            .value
-            .unwrap_or_default();
-            if counted.through >= stored {
+            let counted = self.counted_through().await?;
+            if counted >= stored {
                 break;
             }
             if started.elapsed() >= COUNT_WAIT {
                 debug!(
                     queue,
-                    counted = counted.through,
-                    stored,
-                    "queue counts are behind the job writes"
+                    counted, stored, "queue counts are behind the job writes"
                 );
                 break;
             }

@@ -454,21 +454,18 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Reply {
-        let resp = self
-            .http
-            .post(self.url(path))
-            .header("content-type", "application/openjobspec+json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        Self::reply(resp).await
+        self.send_json(reqwest::Method::POST, path, body).await
     }
 
     pub async fn put(&self, path: &str, body: Value) -> Reply {
+        self.send_json(reqwest::Method::PUT, path, body).await
+    }
+
+    /// `body` as an OJS JSON request with `method`.
+    async fn send_json(&self, method: reqwest::Method, path: &str, body: Value) -> Reply {
         let resp = self
             .http
-            .put(self.url(path))
+            .request(method, self.url(path))
             .header("content-type", "application/openjobspec+json")
             .body(body.to_string())
             .send()

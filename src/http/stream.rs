@@ -220,10 +220,10 @@ async fn open(
                 "estimated_missed_count": feed.first_stored - last - 1,
             });
             let id = (feed.first_stored - 1).to_string();
-            let _ = tx.send(sse(&id, "system.gap", &gap)).await;
+            let _ = tx.send(sse(&id, "system.gap", &gap.to_string())).await;
         }
         loop {
-            let (sequence, event) = tokio::select! {
+            let (sequence, event, stored) = tokio::select! {
                 () = stop.cancelled() => {
                     let notice = json!({"reason": "shutdown", "grace_period_ms": 0});
                     let _ = tx.send(SseEvent::default().event("server.shutdown").data(notice.to_string())).await;
@@ -238,10 +238,9 @@ async fn open(
             if !filter.channel.matches(&event) {
                 continue;
             }
-            let body = serde_json::to_value(&event).expect("events serialize");
             if filter.wants(&event.event_type)
                 && tx
-                    .send(sse(&sequence.to_string(), &event.event_type, &body))
+                    .send(sse(&sequence.to_string(), &event.event_type, &stored))
                     .await
                     .is_err()
             {
@@ -252,7 +251,11 @@ async fn open(
             };
             if filter.wants(STATE_CHANGED)
                 && tx
-                    .send(sse(&format!("{sequence}.1"), STATE_CHANGED, &changed))
+                    .send(sse(
+                        &format!("{sequence}.1"),
+                        STATE_CHANGED,
+                        &changed.to_string(),
+                    ))
                     .await
                     .is_err()
             {
@@ -275,11 +278,8 @@ async fn open(
         .into_response())
 }
 
-fn sse(id: &str, event_type: &str, data: &Value) -> SseEvent {
-    SseEvent::default()
-        .id(id)
-        .event(event_type)
-        .data(data.to_string())
+fn sse(id: &str, event_type: &str, data: &str) -> SseEvent {
+    SseEvent::default().id(id).event(event_type).data(data)
 }
 
 #[cfg(test)]

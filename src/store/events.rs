@@ -236,9 +236,10 @@ pub struct EventFeed {
 }
 
 impl EventFeed {
-    /// The next event and its stream sequence; `None` when NATS ends the feed (the caller
-    /// closes its stream, and the client reconnects with the last id it got).
-    pub async fn next(&mut self) -> Option<(u64, Event)> {
+    /// The next event, its stream sequence and its JSON as stored (what a stream sends,
+    /// without serializing it again); `None` when NATS ends the feed (the caller closes its
+    /// stream, and the client reconnects with the last id it got).
+    pub async fn next(&mut self) -> Option<(u64, Event, String)> {
         loop {
             let msg = match self.messages.next().await? {
                 Ok(msg) => msg,
@@ -249,8 +250,11 @@ impl EventFeed {
             };
             let Ok(info) = msg.info() else { continue };
             let sequence = info.stream_sequence;
-            if let Ok(event) = serde_json::from_slice::<Event>(&msg.payload) {
-                return Some((sequence, event));
+            let Ok(stored) = std::str::from_utf8(&msg.payload) else {
+                continue;
+            };
+            if let Ok(event) = serde_json::from_str::<Event>(stored) {
+                return Some((sequence, event, stored.to_owned()));
             }
         }
     }

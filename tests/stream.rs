@@ -172,6 +172,16 @@ async fn a_queue_stream_on_one_replica_carries_live_events_of_jobs_run_through_a
     a.get("/ojs/v1/queues/never-seen/events")
         .await
         .assert_error(404, "not_found");
+    // An id from the future (another deployment, a reset) starts the stream now.
+    let mut future = SseReader::open(
+        &a,
+        "/ojs/v1/events/stream?channel=queue:live",
+        Some(&u64::MAX.to_string()),
+    )
+    .await;
+    let later = run_one(&b, "live").await;
+    let seen = future.until(is_completed(&later)).await;
+    assert_eq!(seen[0].event, "job.enqueued");
     a.get("/ojs/v1/jobs/019539a4-b68c-7def-8000-1a2b3c4d5e6f/events")
         .await
         .assert_error(404, "not_found");

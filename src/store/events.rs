@@ -180,10 +180,14 @@ impl Store {
         let consumer: PullConsumer = stream
             .create_consumer(pull::Config {
                 deliver_policy: match from {
-                    FollowFrom::Now => DeliverPolicy::New,
-                    FollowFrom::After(seq) => DeliverPolicy::ByStartSequence {
-                        start_sequence: seq.saturating_add(1),
-                    },
+                    // An id at or past the last event stored (or from another deployment)
+                    // asks for nothing stored: start with the next one.
+                    FollowFrom::After(seq) if seq < state.last_sequence => {
+                        DeliverPolicy::ByStartSequence {
+                            start_sequence: seq + 1,
+                        }
+                    }
+                    FollowFrom::After(_) | FollowFrom::Now => DeliverPolicy::New,
                 },
                 filter_subject: only_type
                     .map(|t| self.inner.topology.event_subject(t))

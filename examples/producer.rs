@@ -5,7 +5,7 @@
 #[path = "common/flags.rs"]
 mod flags;
 
-use ojs_jetstream::client::{Client, JobSpec};
+use ojs_client::{Client, JobSpec};
 use serde_json::Value;
 
 #[tokio::main]

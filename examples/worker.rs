@@ -10,7 +10,7 @@ mod flags;
 
 use std::time::Duration;
 
-use ojs_jetstream::worker::{HandlerError, JobContext, Worker, WorkerConfig};
+use ojs_client::worker::{HandlerError, JobContext, Worker, WorkerConfig};
 use serde_json::Value;
 
 #[tokio::main]

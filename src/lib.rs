@@ -9,10 +9,10 @@
 //! - [`failpoint`]: named points where fault-injection tests make a gateway fail.
 //! - [`telemetry`]: logging and metrics.
 //! - [`app`]: wiring of all of the above into a running gateway.
-//! - [`client`], [`worker`]: a Rust client and worker for any OJS server over HTTP.
+//!
+//! The Rust client and worker for any OJS server are the `ojs-client` crate (`client/`).
 
 pub mod app;
-pub mod client;
 pub mod config;
 pub mod coordinator;
 pub mod domain;
@@ -20,4 +20,3 @@ pub mod failpoint;
 pub mod http;
 pub mod store;
 pub mod telemetry;
-pub mod worker;

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, spawn_app, NatsServer, TestApp};
-use ojs_jetstream::worker::{JobContext, Worker, WorkerConfig};
+use ojs_client::worker::{JobContext, Worker, WorkerConfig};
 use serde_json::{json, Value};
 
 /// Enqueues a job on `queue` and fetches it as `w1`; its id.
@@ -227,7 +227,7 @@ async fn a_rust_worker_reports_progress_from_its_handler() {
     worker.register("t.report", |ctx: JobContext| async move {
         ctx.progress(0.5, Some("half way"))
             .await
-            .map_err(|e| ojs_jetstream::worker::HandlerError::new("Progress", e.to_string()))?;
+            .map_err(|e| ojs_client::worker::HandlerError::new("Progress", e.to_string()))?;
         Ok(Value::Null)
     });
     let control = worker.control();

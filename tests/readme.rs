@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// The README's tree of `src/`: the code block that starts with `src/`.
-fn readme_tree() -> String {
+/// The README's tree of `root` (`src/`, `client/src/`): the code block that starts with it.
+fn readme_tree(root: &str) -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("README.md");
     let start = readme
-        .find("```\nsrc/\n")
-        .expect("a module tree in the README");
+        .find(&format!("```\n{root}/\n"))
+        .unwrap_or_else(|| panic!("a module tree of {root}/ in the README"));
     let body = &readme[start + 4..];
     body[..body.find("```").expect("the tree's end")].to_owned()
 }
@@ -37,8 +37,14 @@ fn section(tree: &str, folder: &str) -> String {
 
 #[test]
 fn the_readme_lists_every_source_file_and_nothing_else() {
-    let tree = readme_tree();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for root in ["src", "client/src"] {
+        lists_every_source_file_and_nothing_else(root);
+    }
+}
+
+fn lists_every_source_file_and_nothing_else(root: &str) {
+    let tree = readme_tree(root);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
     let mut missing = Vec::new();
     let mut files = BTreeSet::new();
     for entry in std::fs::read_dir(&src).unwrap() {
@@ -63,12 +69,15 @@ fn the_readme_lists_every_source_file_and_nothing_else() {
             }
         }
     }
-    assert!(missing.is_empty(), "not in the README's tree: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "not in the README's tree of {root}/: {missing:?}"
+    );
     let stale: Vec<&str> = tree
         .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
         .filter(|w| w.ends_with(".rs") && !files.contains(*w))
         .collect();
-    assert!(stale.is_empty(), "listed but not in src/: {stale:?}");
+    assert!(stale.is_empty(), "listed but not in {root}/: {stale:?}");
 }
 
 /// One `$ curl …` of the README's console blocks and the output shown under it.

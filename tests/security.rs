@@ -5,7 +5,7 @@
 mod common;
 
 use common::{spawn_app_with, test_config, NatsServer, TestApp};
-use ojs_jetstream::client::{Client, ClientError, JobSpec};
+use ojs_client::{Client, ClientError, JobSpec};
 use ojs_jetstream::config::{Config, KeyList, Secret};
 use serde_json::json;
 

@@ -11,12 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{eventually, spawn_app, NatsServer, TestApp};
-use ojs_jetstream::client::{
-    BoxFuture, Client, ClientError, EnqueueMiddleware, EnqueueNext, JobSpec,
-};
-use ojs_jetstream::worker::{
+use ojs_client::trace::TraceContext;
+use ojs_client::worker::{
     ExecutionMiddleware, ExecutionNext, HandlerError, JobContext, Worker, WorkerConfig,
 };
+use ojs_client::{BoxFuture, Client, ClientError, EnqueueMiddleware, EnqueueNext, JobSpec};
 use serde_json::{json, Value};
 
 /// An example binary, next to this test's own binary. Built here first, so that running
@@ -630,7 +629,7 @@ async fn the_producer_example_enqueues_in_batches_and_prints_ids() {
 
 #[tokio::test]
 async fn a_workflow_built_by_the_client_hands_each_step_its_parents_results() {
-    use ojs_jetstream::client::workflow::{chain, group};
+    use ojs_client::workflow::{chain, group};
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let client = Client::new(&app.base);
@@ -689,5 +688,131 @@ async fn a_workflow_built_by_the_client_hands_each_step_its_parents_results() {
     assert!(
         matches!(r, ClientError::Server { status: 409, .. }),
         "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn trace_context_travels_from_the_producer_through_the_worker_to_the_jobs_it_enqueues() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let client = Client::new(&app.base);
+    let origin = TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("congo=t61rcWkgMzE"),
+    )
+    .unwrap();
+    let first = client
+        .enqueue(
+            JobSpec::new("order.place", json!([1]))
+                .queue("traced")
+                .trace_context(&origin),
+        )
+        .await
+        .unwrap();
+    let seen = Arc::new(Mutex::new(None));
+    let mut worker = Worker::new(WorkerConfig::new(&app.base, &["traced"]));
+    let (handler_client, handler_seen) = (client.clone(), seen.clone());
+    worker.register("order.place", move |ctx: JobContext| {
+        let (client, seen) = (handler_client.clone(), handler_seen.clone());
+        async move {
+            let trace = ctx.trace_context().expect("the producer's trace context");
+            *seen.lock().unwrap() = Some(trace.clone());
+            let next = JobSpec::new("order.ship", json!([1]))
+                .queue("after")
+                .trace_context(&trace.child());
+            let job = client
+                .enqueue(next)
+                .await
+                .map_err(|e| HandlerError::new("Enqueue", e.to_string()))?;
+            Ok(job["id"].clone())
+        }
+    });
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let shipped = eventually(Duration::from_secs(5), "the first job done", || async {
+        let job = app.job(&first_id).await;
+        (job["state"] == "completed").then(|| job["result"].as_str().unwrap().to_owned())
+    })
+    .await;
+    control.terminate();
+    run.await.unwrap();
+    assert_eq!(seen.lock().unwrap().as_ref(), Some(&origin));
+    let meta = app.job(&shipped).await["meta"].clone();
+    let carried = TraceContext::from_meta(meta.as_object().unwrap()).unwrap();
+    assert_eq!(carried.trace_id, origin.trace_id);
+    assert_eq!(carried.state, origin.state);
+    assert_ne!(carried.span_id, origin.span_id);
+    // The server's events of both jobs name the one trace (events seed §8.1).
+    for id in [&first_id, &shipped] {
+        let events = app.get(&format!("/ojs/v1/events?job_id={id}")).await.body;
+        let events = events["events"].as_array().unwrap();
+        assert!(!events.is_empty());
+        assert!(events
+            .iter()
+            .all(|e| e["data"]["trace_id"] == origin.trace_id.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn a_worker_is_ready_while_running_and_unready_once_quiet_but_alive_until_it_exits() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut cfg = WorkerConfig::new(&app.base, &["probed"]);
+    cfg.heartbeat_interval = Duration::from_millis(200);
+    cfg.worker_id = "w-probed".into();
+    let mut worker = Worker::new(cfg);
+    let addr = worker.serve_health("127.0.0.1:0").unwrap();
+    assert!(
+        Worker::new(WorkerConfig::new(&app.base, &["probed"]))
+            .serve_health(addr)
+            .is_err(),
+        "a taken port is refused when the probes are set up"
+    );
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    let probes = TestApp::at(&format!("http://{addr}"));
+    let ready = probes.get("/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(
+        (
+            &ready.body["status"],
+            &ready.body["state"],
+            &ready.body["worker_id"]
+        ),
+        (&json!("ready"), &json!("running"), &json!("w-probed"))
+    );
+    assert_eq!(probes.get("/healthz").await.status, 200);
+    assert_eq!(probes.get("/elsewhere").await.status, 404);
+    // An operator quiets it through the server; the next heartbeat brings the directive.
+    eventually(Duration::from_secs(5), "the first heartbeat", || async {
+        (app.get("/ojs/v1/admin/workers/w-probed").await.status == 200).then_some(())
+    })
+    .await;
+    assert_eq!(
+        app.post("/ojs/v1/admin/workers/w-probed/quiet", json!({}))
+            .await
+            .status,
+        200
+    );
+    let unready = eventually(Duration::from_secs(5), "readiness failing", || async {
+        let reply = probes.get("/readyz").await;
+        (reply.status == 503).then_some(reply.body)
+    })
+    .await;
+    assert_eq!(
+        (&unready["status"], &unready["state"]),
+        (&json!("unready"), &json!("quiet"))
+    );
+    let live = probes.get("/health/live").await;
+    assert_eq!(
+        (live.status.as_u16(), &live.body["state"]),
+        (200, &json!("quiet"))
+    );
+    control.terminate();
+    run.await.unwrap();
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the probes stop with the worker"
     );
 }

@@ -1,5 +1,5 @@
-//! The worker lifecycle states (worker protocol §2), shared by the server (directives in
-//! heartbeat answers) and the worker library.
+//! The worker lifecycle states (worker protocol §2) as the server keeps them: the directive
+//! an operator gives a worker, answered on its heartbeats.
 
 use serde::{Deserialize, Serialize};
 

@@ -4,7 +4,7 @@
 //! driven by directives and POSIX signals (SIGTERM, SIGTSTP, SIGCONT, SIGINT).
 //!
 //! ```no_run
-//! use ojs_jetstream::worker::{HandlerError, JobContext, Worker, WorkerConfig};
+//! use ojs_client::worker::{HandlerError, JobContext, Worker, WorkerConfig};
 //! use serde_json::Value;
 //!
 //! # async fn demo() {
@@ -21,8 +21,11 @@
 //! # }
 //! ```
 
+mod health;
+
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,10 +34,10 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
-use crate::client::{BoxFuture, Chain, Client, ClientError};
-pub use crate::domain::worker::WorkerState;
+use crate::trace::TraceContext;
+use crate::{BoxFuture, Chain, Client, ClientError};
 
 /// Longest backtrace sent with a failure (worker protocol: ≤ 50 frames, ≤ 10,000 chars).
 const MAX_BACKTRACE_FRAMES: usize = 50;
@@ -135,6 +138,39 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// The trace context the job was enqueued with (`meta.traceparent`, `meta.tracestate`).
+    /// A job the handler enqueues carries it on as
+    /// `JobSpec::trace_context(&ctx.trace_context()?.child())`.
+    pub fn trace_context(&self) -> Option<TraceContext> {
+        self.job["meta"]
+            .as_object()
+            .and_then(TraceContext::from_meta)
+    }
+
+    /// The span the handler runs in (tracing spec §4.1: `{queue} process`, CONSUMER), with
+    /// the job's ids and, when it came with trace context, the trace id and the producer's
+    /// span id (`link.span_id`) for a subscriber to link it to.
+    fn span(&self) -> tracing::Span {
+        let queue = self.job["queue"].as_str().unwrap_or_default();
+        let span = tracing::info_span!(
+            "process",
+            otel.name = %format_args!("{queue} process"),
+            otel.kind = "consumer",
+            messaging.system = "ojs",
+            ojs.job.id = %self.id,
+            ojs.job.type = %self.job_type,
+            ojs.job.queue = queue,
+            ojs.job.attempt = self.attempt,
+            trace_id = tracing::field::Empty,
+            link.span_id = tracing::field::Empty,
+        );
+        if let Some(trace) = self.trace_context() {
+            span.record("trace_id", trace.trace_id.as_str());
+            span.record("link.span_id", trace.span_id.as_str());
+        }
+        span
+    }
+
     /// Extends this job's reservation now (worker protocol §5.4), for long steps between
     /// the worker's regular heartbeats. Learns of a cancellation too.
     ///
@@ -241,6 +277,37 @@ pub struct Summary {
     pub jobs_shutdown: u64,
 }
 
+/// A worker's lifecycle state (worker protocol §2), in the order it moves: a worker never
+/// goes back down it, but for SIGCONT taking a quiet worker back to running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WorkerState {
+    Running,
+    Quiet,
+    Terminate,
+}
+
+impl WorkerState {
+    /// The protocol's name, as heartbeats report the state and directives name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Running => "running",
+            WorkerState::Quiet => "quiet",
+            WorkerState::Terminate => "terminate",
+        }
+    }
+
+    /// The state a heartbeat answer's `state` directive names.
+    fn from_directive(name: &str) -> Option<WorkerState> {
+        [
+            WorkerState::Running,
+            WorkerState::Quiet,
+            WorkerState::Terminate,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == name)
+    }
+}
+
 /// Moves a running worker through its lifecycle from outside (signals, tests).
 #[derive(Clone)]
 pub struct WorkerControl {
@@ -300,6 +367,8 @@ pub struct Worker {
     handlers: HashMap<String, Arc<dyn Handler>>,
     chain: Chain<dyn ExecutionMiddleware>,
     control: WorkerControl,
+    /// Where the liveness and readiness probes are served, if anywhere.
+    health: Option<TcpListener>,
 }
 
 impl Worker {
@@ -314,7 +383,22 @@ impl Worker {
                 state,
                 immediate: CancellationToken::new(),
             },
+            health: None,
         }
+    }
+
+    /// Serves the worker's liveness (`GET /healthz`) and readiness (`GET /readyz`) probes
+    /// on `addr` while it runs; readiness fails once it is quiet or terminating. Binds now,
+    /// so a taken port is an error here, and port 0 picks a free one.
+    ///
+    /// # Errors
+    /// When `addr` cannot be bound.
+    pub fn serve_health(&mut self, addr: impl ToSocketAddrs) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        self.health = Some(listener);
+        Ok(bound)
     }
 
     /// Sends `key` with every request, for a server that asks for API keys.
@@ -365,9 +449,17 @@ impl Worker {
             handed_back: AtomicU64::new(0),
         });
         let beats = tokio::spawn(engine.clone().heartbeat_loop());
+        let probes = self.health.map(|listener| {
+            let listener =
+                tokio::net::TcpListener::from_std(listener).expect("a bound, non-blocking socket");
+            tokio::spawn(health::serve(listener, engine.clone()))
+        });
         engine.clone().fetch_loop().await;
         engine.drain().await;
         beats.abort();
+        if let Some(probes) = probes {
+            probes.abort();
+        }
         info!(worker_id = %engine.cfg.worker_id, "worker stopped");
         Summary {
             jobs_completed: engine.completed.load(Ordering::Relaxed),
@@ -507,11 +599,13 @@ impl Engine {
                     )
                     .final_error());
                 };
+                let span = ctx.span();
                 ExecutionNext {
                     rest: engine.chain.items(),
                     handler: &handler,
                 }
                 .run(ctx)
+                .instrument(span)
                 .await
             })
         };
@@ -672,7 +766,10 @@ impl Engine {
                 .await
             {
                 Ok(answer) => {
-                    match answer["state"].as_str().and_then(WorkerState::parse) {
+                    match answer["state"]
+                        .as_str()
+                        .and_then(WorkerState::from_directive)
+                    {
                         Some(WorkerState::Quiet) => self.control.quiet(),
                         Some(WorkerState::Terminate) => self.control.terminate(),
                         _ => {}

@@ -1,11 +1,16 @@
-//! A Rust client for any OJS server over the HTTP binding — ojs-jetstream or another —
-//! with an enqueue middleware chain (middleware spec §3).
+//! A Rust client and worker for any OJS server over the HTTP binding — ojs-jetstream or
+//! another. It speaks HTTP only: a service that enqueues or runs jobs compiles neither a
+//! web framework nor a NATS client.
+//!
+//! - The client ([`Client`]): enqueue, batches, workflows, job and queue operations, with
+//!   an enqueue middleware chain (middleware spec §3).
+//! - The worker ([`worker`]): the OJS worker protocol.
 //!
 //! ```no_run
-//! use ojs_jetstream::client::{Client, JobSpec};
+//! use ojs_client::{Client, JobSpec};
 //! use serde_json::json;
 //!
-//! # async fn demo() -> Result<(), ojs_jetstream::client::ClientError> {
+//! # async fn demo() -> Result<(), ojs_client::ClientError> {
 //! let client = Client::new("http://127.0.0.1:8080");
 //! let job = client.enqueue(JobSpec::new("email.send", json!(["ada@example.com"])).queue("email")).await?;
 //! println!("enqueued {}", job["id"]);
@@ -14,6 +19,8 @@
 //! ```
 
 mod chain;
+pub mod trace;
+pub mod worker;
 pub mod workflow;
 
 use std::future::Future;
@@ -49,6 +56,14 @@ impl JobSpec {
     #[must_use]
     pub fn queue(self, queue: &str) -> JobSpec {
         self.option("queue", json!(queue))
+    }
+
+    /// Carries `ctx` to the job's `meta` (`traceparent`, `tracestate`), so the worker that
+    /// runs it and the server's spans and events join the producer's trace.
+    #[must_use]
+    pub fn trace_context(mut self, ctx: &trace::TraceContext) -> JobSpec {
+        ctx.write_to(&mut self.meta);
+        self
     }
 
     /// Any `options` key (`priority`, `retry`, `scheduled_at`, …).

@@ -2,8 +2,8 @@
 //! as deep as the server allows, sent as the typed request form.
 //!
 //! ```
-//! use ojs_jetstream::client::workflow::{batch, chain, group, Callbacks};
-//! use ojs_jetstream::client::JobSpec;
+//! use ojs_client::workflow::{batch, chain, group, Callbacks};
+//! use ojs_client::JobSpec;
 //! use serde_json::json;
 //!
 //! let flow = chain([
@@ -20,7 +20,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::JobSpec;
+use crate::JobSpec;
 
 /// A workflow, or one job in it.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,6 +20,7 @@ use crate::http::auth::Keys;
 use crate::http::{router, AppState};
 use crate::store::{connection, Store};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::otlp::SpanExporter;
 
 /// Runs a gateway on `listener` until `shutdown` resolves.
 ///
@@ -45,9 +46,17 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let instance = format!("{}-{}", config.service_name, Uuid::now_v7());
     let metrics = Metrics::new();
+    let spans = (!config.otlp_endpoint.is_empty())
+        .then(|| SpanExporter::start(&config.otlp_endpoint, &config.service_name, metrics.clone()));
     tasks.spawn(
-        Coordinator::new(store.clone(), metrics.clone(), instance, config.lease_ttl())
-            .run(cancel.child_token()),
+        Coordinator::new(
+            store.clone(),
+            metrics.clone(),
+            instance,
+            config.lease_ttl(),
+            spans,
+        )
+        .run(cancel.child_token()),
     );
 
     let state = Arc::new(AppState {

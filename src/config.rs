@@ -99,6 +99,9 @@ pub struct Config {
     /// retried, discarded…, logging spec §6.1). Off by default: at thousands of jobs a
     /// second these are most of the log.
     pub log_job_transitions: bool,
+    /// An OpenTelemetry collector's OTLP/HTTP base URL (`http://collector:4318`): the leader
+    /// then exports a span per job transition to `{otlp_endpoint}/v1/traces`. Empty: off.
+    pub otlp_endpoint: String,
     /// API keys a client sends as `Authorization: Bearer <key>`; when any is set, every route
     /// but the open ones needs one (401 otherwise). Each is the key itself (at least 32
     /// characters, e.g. `openssl rand -hex 32`) or `sha256:<64 hex digits>`, its SHA-256, so
@@ -175,6 +178,7 @@ impl Default for Config {
             default_on_exhaustion: OnExhaustion::Discard,
             log_format: LogFormat::Text,
             log_job_transitions: false,
+            otlp_endpoint: String::new(),
             api_keys: KeyList::default(),
             admin_api_keys: KeyList::default(),
             open_health_and_metrics: true,
@@ -371,6 +375,10 @@ impl Config {
                 "lowercase letters, digits and '-', starting with a letter, at most 32",
             );
         }
+        let otlp = &self.otlp_endpoint;
+        if !(otlp.is_empty() || otlp.starts_with("http://") || otlp.starts_with("https://")) {
+            return invalid("otlp_endpoint", "an http:// or https:// URL, or empty");
+        }
         if !(1..=5).contains(&self.replicas) {
             return invalid("replicas", "must be 1 to 5");
         }
@@ -542,6 +550,23 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn an_otlp_endpoint_is_an_http_url() {
+        for (endpoint, ok) in [
+            ("", true),
+            ("http://collector:4318", true),
+            ("https://otel.example.com", true),
+            ("collector:4318", false),
+            ("grpc://collector:4317", false),
+        ] {
+            let cfg = Config {
+                otlp_endpoint: endpoint.into(),
+                ..Config::default()
+            };
+            assert_eq!(cfg.validate().is_ok(), ok, "{endpoint:?}");
+        }
     }
 
     #[test]

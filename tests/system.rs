@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
@@ -9,7 +10,7 @@ use common::{
     NatsServer,
 };
 use ojs_jetstream::config::Config;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn health_reports_nats_and_degrades_when_it_is_gone() {
@@ -267,4 +268,169 @@ async fn json_logs_are_ojs_logging_records_and_the_leader_logs_each_transition()
     std::io::Read::read_to_string(bad.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.to_lowercase().contains("log_format"), "{err}");
+}
+
+/// An OpenTelemetry collector's OTLP/HTTP trace endpoint that keeps every span it is sent.
+async fn collector() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let spans: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let kept = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+            let kept = kept.clone();
+            async move {
+                for resource in body["resourceSpans"].as_array().into_iter().flatten() {
+                    assert_eq!(
+                        resource["resource"]["attributes"][0],
+                        json!({"key": "service.name", "value": {"stringValue": "ojs-jetstream"}})
+                    );
+                    for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                        kept.lock()
+                            .unwrap()
+                            .extend(scope["spans"].as_array().into_iter().flatten().cloned());
+                    }
+                }
+                axum::Json(json!({}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, spans)
+}
+
+fn attr<'v>(span: &'v Value, key: &str) -> &'v Value {
+    span["attributes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|kv| kv["key"] == key))
+        .map_or(&Value::Null, |kv| &kv["value"])
+}
+
+#[tokio::test]
+async fn the_leader_exports_a_span_per_job_transition_to_an_otlp_collector() {
+    let nats = NatsServer::start();
+    let (endpoint, spans) = collector().await;
+    let app = spawn_app_with(Config {
+        otlp_endpoint: endpoint,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let traced = app
+        .enqueue(
+            json!({"type": "mail.send", "args": [], "options": {"queue": "traced"},
+            "meta": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}),
+        )
+        .await;
+    let jobs = app.fetch(&["traced"], "w-1").await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        app.ack(json!({"job_id": traced, "result": 1})).await.status,
+        200
+    );
+    let untraced = app
+        .enqueue(json!({"type": "mail.send", "args": [], "options": {"queue": "traced", "retry": {"max_attempts": 1}}}))
+        .await;
+    app.fetch(&["traced"], "w-1").await;
+    let failed = app
+        .nack(json!({"job_id": untraced, "error": {"type": "SmtpError", "message": "smtp down"}}))
+        .await;
+    assert_eq!(failed.status, 200);
+    let of = |id: &str| -> Vec<Value> {
+        let mut of_job: Vec<Value> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| attr(s, "ojs.job.id")["stringValue"] == id)
+            .cloned()
+            .collect();
+        of_job.sort_by_key(|s| {
+            s["startTimeUnixNano"]
+                .as_str()
+                .unwrap()
+                .parse::<u128>()
+                .unwrap()
+        });
+        of_job
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the spans of both jobs",
+        || async { (of(&traced).len() == 3 && of(&untraced).len() == 3).then_some(()) },
+    )
+    .await;
+    let [enqueue, fetch, process] = <[Value; 3]>::try_from(of(&traced)).unwrap();
+    let names = |s: &[&Value]| s.iter().map(|s| s["name"].clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&[&enqueue, &fetch, &process]),
+        ["ojs.enqueue", "ojs.fetch", "traced process"]
+    );
+    for span in [&enqueue, &fetch, &process] {
+        assert_eq!(span["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(attr(span, "messaging.system")["stringValue"], "ojs");
+        assert_eq!(attr(span, "ojs.job.type")["stringValue"], "mail.send");
+        assert_eq!(attr(span, "ojs.job.queue")["stringValue"], "traced");
+    }
+    assert_eq!(
+        enqueue["parentSpanId"], "00f067aa0ba902b7",
+        "a child of the producer's span"
+    );
+    assert_eq!(
+        (enqueue["kind"].as_i64(), fetch["kind"].as_i64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(fetch["parentSpanId"], enqueue["spanId"]);
+    assert_eq!(process["parentSpanId"], enqueue["spanId"]);
+    assert_eq!(process["kind"], 5);
+    assert_eq!(process["status"]["code"], 1);
+    // The record no longer names the worker once the attempt ended: the fetch span does.
+    assert_eq!(attr(&process, "ojs.worker.id"), &Value::Null);
+    assert_eq!(attr(&fetch, "ojs.worker.id")["stringValue"], "w-1");
+    assert_eq!(
+        process["links"],
+        json!([{"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": "00f067aa0ba902b7"}])
+    );
+    let [enqueue, _, process] = <[Value; 3]>::try_from(of(&untraced)).unwrap();
+    assert_eq!(
+        enqueue["traceId"],
+        untraced.replace('-', ""),
+        "a trace of its own"
+    );
+    assert_eq!(enqueue.get("parentSpanId"), None);
+    assert_eq!(process["status"]["code"], 2);
+    assert_eq!(attr(&process, "error.type")["stringValue"], "SmtpError");
+    assert_eq!(attr(&process, "ojs.job.state")["stringValue"], "discarded");
+    assert_eq!(process["events"][0]["name"], "exception");
+    let ids: std::collections::HashSet<&str> = [&enqueue, &process]
+        .iter()
+        .map(|s| s["spanId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2);
+}
+
+#[tokio::test]
+async fn spans_a_collector_does_not_take_are_dropped_and_counted() {
+    let nats = NatsServer::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let app = spawn_app_with(Config {
+        otlp_endpoint: endpoint,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app.enqueue(job_on("nowhere")).await;
+    assert_eq!(app.job(&id).await["state"], "available", "jobs go on");
+    eventually(
+        Duration::from_secs(15),
+        "the dropped span counted",
+        || async {
+            app.metrics()
+                .await
+                .lines()
+                .any(|l| l == "ojs_trace_spans_dropped_total 1")
+                .then_some(())
+        },
+    )
+    .await;
 }

@@ -17,6 +17,7 @@ use tracing::{error, warn};
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
 use crate::domain::event::{step_events, Event};
+use crate::domain::spans::JobSpan;
 use crate::domain::stats::Change;
 use crate::domain::totals::Tally;
 use crate::domain::trail::Step;
@@ -24,6 +25,7 @@ use crate::domain::workflow;
 use crate::store::{ended_lock, JobWrite, Store};
 use crate::telemetry::logs;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::otlp::SpanExporter;
 
 /// Pause before publishing again what NATS refused.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -31,15 +33,23 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 pub struct EventPublisher {
     store: Store,
     metrics: Metrics,
+    /// Where the span of each transition goes, when OTLP export is on.
+    spans: Option<SpanExporter>,
     /// The leadership it publishes for; it reads the writes through that term's consumer.
     term: u64,
 }
 
 impl EventPublisher {
-    pub fn new(store: Store, metrics: Metrics, term: u64) -> EventPublisher {
+    pub fn new(
+        store: Store,
+        metrics: Metrics,
+        spans: Option<SpanExporter>,
+        term: u64,
+    ) -> EventPublisher {
         EventPublisher {
             store,
             metrics,
+            spans,
             term,
         }
     }
@@ -136,6 +146,7 @@ impl EventPublisher {
         let mut workflows = Vec::new();
         let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
         let mut released = Vec::new();
+        let mut spans = Vec::new();
         for w in batch {
             unseen.delivered(w.revision);
             if w.unreadable {
@@ -169,9 +180,9 @@ impl EventPublisher {
                     .filter_map(|(transition, state)| workflow::seen_in(rec, transition, state))
                     .collect();
                 let own = Step::of(rec, w.revision);
-                let changes: Vec<Change> = steps
-                    .into_iter()
-                    .chain([&own])
+                let all: Vec<&Step> = steps.into_iter().chain([&own]).collect();
+                let changes: Vec<Change> = all
+                    .iter()
                     .map(|step| Change {
                         sequence: step.revision,
                         from: step.from,
@@ -180,10 +191,25 @@ impl EventPublisher {
                         tally: Tally::of(rec, step),
                     })
                     .collect();
-                (recovered, step_events(rec, &own, source), seen, changes)
+                let traced: Vec<JobSpan> = match self.spans {
+                    Some(_) => all
+                        .iter()
+                        .zip(&changes)
+                        .filter_map(|(step, change)| JobSpan::of(rec, step, change.tally.as_ref()))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                (
+                    recovered,
+                    step_events(rec, &own, source),
+                    seen,
+                    changes,
+                    traced,
+                )
             }));
             match derived {
-                Ok((recovered, own, seen, changes)) => {
+                Ok((recovered, own, seen, changes, traced)) => {
+                    spans.extend(traced);
                     if !recovered.is_empty() {
                         self.metrics.events_recovered(recovered.len());
                     }
@@ -208,6 +234,9 @@ impl EventPublisher {
         }
         if self.store.log_job_transitions() {
             events.iter().for_each(logs::job_transition);
+        }
+        if let Some(exporter) = &self.spans {
+            exporter.export(spans);
         }
         // Workflows move on after the events of the writes that moved them.
         while let Err(err) = self.store.advance_workflows(&workflows).await {

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use pruner::Pruner;
@@ -36,6 +37,8 @@ pub struct Coordinator {
     /// Identifies this replica in the lease.
     instance: String,
     lease_ttl: Duration,
+    /// The OTLP exporter of job spans, when `otlp_endpoint` is set.
+    spans: Option<SpanExporter>,
 }
 
 impl Coordinator {
@@ -44,12 +47,14 @@ impl Coordinator {
         metrics: Metrics,
         instance: String,
         lease_ttl: Duration,
+        spans: Option<SpanExporter>,
     ) -> Coordinator {
         Coordinator {
             store,
             metrics,
             instance,
             lease_ttl,
+            spans,
         }
     }
 
@@ -120,7 +125,13 @@ impl Coordinator {
         let (store, token) = (&self.store, l.token.clone());
         l.spawn(
             "event_publisher",
-            EventPublisher::new(store.clone(), self.metrics.clone(), term).run(token.clone()),
+            EventPublisher::new(
+                store.clone(),
+                self.metrics.clone(),
+                self.spans.clone(),
+                term,
+            )
+            .run(token.clone()),
         );
         l.spawn(
             "scheduler",

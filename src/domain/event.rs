@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::job::{stable_uuid, Job, JobError, JobRecord, Transition};
+use super::spans::traceparent_ids;
 use super::state::JobState;
 use super::time;
 use super::trail::Step;
@@ -221,7 +222,7 @@ pub fn state_changed(e: &Event) -> Option<Value> {
 
 /// The error reported at `attempt`: the latest, else the history's entry (which keeps at
 /// least the last ten).
-fn error_of(job: &Job, attempt: u32) -> Option<&JobError> {
+pub(crate) fn error_of(job: &Job, attempt: u32) -> Option<&JobError> {
     job.error
         .as_ref()
         .filter(|e| e.attempt == attempt)
@@ -235,8 +236,7 @@ fn trace_id(meta: &Map<String, Value>) -> Option<&str> {
         return Some(id);
     }
     let parent = meta.get("traceparent").and_then(Value::as_str)?;
-    let id = parent.split('-').nth(1)?;
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+    traceparent_ids(parent).map(|(trace_id, _)| trace_id)
 }
 
 fn enqueued_data(rec: &JobRecord) -> Value {

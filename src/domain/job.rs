@@ -267,7 +267,7 @@ pub fn stable_uuid(seed: &str, at: DateTime<Utc>) -> uuid::Uuid {
         .into_uuid()
 }
 
-fn fnv1a(data: &[u8], seed: u64) -> u64 {
+pub(crate) fn fnv1a(data: &[u8], seed: u64) -> u64 {
     data.iter().fold(seed, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

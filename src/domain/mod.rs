@@ -22,6 +22,7 @@ pub mod rate_limit;
 pub mod requests;
 pub mod retention;
 pub mod retry;
+pub mod spans;
 pub mod state;
 pub mod stats;
 pub mod time;

@@ -31,6 +31,8 @@ pub struct Metrics {
     pullers_open: IntGauge,
     /// 1 while this replica leads the coordinator (and reports the job metrics).
     leader: IntGauge,
+    /// Job spans the OTLP exporter dropped (queue full, collector unreachable).
+    trace_spans_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -93,6 +95,11 @@ impl Metrics {
             "1 while this replica leads the coordinator: it then reports the cluster's job metrics",
         )
         .expect("valid metric");
+        let trace_spans_dropped = IntCounter::new(
+            "ojs_trace_spans_dropped_total",
+            "Job spans not exported: the exporter's queue was full or the OTLP collector did not take them",
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
@@ -103,6 +110,7 @@ impl Metrics {
             Box::new(timers_handed_back.clone()),
             Box::new(pullers_open.clone()),
             Box::new(leader.clone()),
+            Box::new(trace_spans_dropped.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
@@ -117,6 +125,7 @@ impl Metrics {
             timers_handed_back,
             pullers_open,
             leader,
+            trace_spans_dropped,
         }
     }
 
@@ -150,6 +159,10 @@ impl Metrics {
 
     pub fn job_write_skipped(&self) {
         self.job_writes_skipped.inc();
+    }
+
+    pub fn trace_spans_dropped(&self, count: usize) {
+        self.trace_spans_dropped.inc_by(count as u64);
     }
 
     pub fn events_recovered(&self, count: usize) {

@@ -1,8 +1,9 @@
-//! Logging (text or OJS JSON records) and metrics.
+//! Logging (text or OJS JSON records), metrics and trace spans (OTLP).
 
 pub mod job_metrics;
 pub mod logs;
 pub mod metrics;
+pub mod otlp;
 
 use tracing_subscriber::EnvFilter;
 

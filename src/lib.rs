@@ -10,7 +10,8 @@
 //! - [`telemetry`]: logging and metrics.
 //! - [`app`]: wiring of all of the above into a running gateway.
 //!
-//! The Rust client and worker for any OJS server are the `ojs-client` crate (`client/`).
+//! The command line (`src/cli/`) belongs to the binary; the Rust client and worker for any
+//! OJS server are the `ojs-client` crate (`client/`).
 
 pub mod app;
 pub mod config;

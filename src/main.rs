@@ -1,14 +1,17 @@
 //! `ojs-jetstream serve`: load the configuration, start the gateway, stop on SIGINT/SIGTERM.
+//! The other commands are clients of any OJS server (`cli`).
+
+mod cli;
 
 use std::cell::Cell;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use cli::{Cli, Command};
 use ojs_jetstream::{app, config::Config, telemetry};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-
-const USAGE: &str = "usage: ojs-jetstream serve\n\nSettings come from config/ojs-jetstream.toml (or $OJS_CONFIG) and OJS_* variables,\ne.g. OJS_NATS_URL=nats://127.0.0.1:4222 OJS_LISTEN=127.0.0.1:8080.";
 
 /// The gateway allocates many short-lived buffers from several threads at once (JSON bodies,
 /// NATS messages); mimalloc's per-thread heaps avoid glibc malloc's arena lock contention,
@@ -17,12 +20,22 @@ const USAGE: &str = "usage: ojs-jetstream serve\n\nSettings come from config/ojs
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // `--help`, `--version` and usage errors end here (exit 0 or 2), before anything starts.
+    let args = Cli::parse();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_park(release_idle_memory)
         .build()
         .expect("tokio runtime")
-        .block_on(run())
+        .block_on(async {
+            match &args.command {
+                None | Some(Command::Serve) => serve().await,
+                Some(command) => match cli::run(&args, command).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(failure) => failure.exit(),
+                },
+            }
+        })
 }
 
 /// mimalloc keeps the pages freed after a burst (eight concurrent 1000-job batches: tens of
@@ -43,19 +56,7 @@ fn release_idle_memory() {
     });
 }
 
-async fn run() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None | Some("serve") => {}
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Some(other) => {
-            eprintln!("unknown command {other:?}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    }
+async fn serve() -> ExitCode {
     let config = match Config::load() {
         Ok(c) => c,
         Err(err) => {

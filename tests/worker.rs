@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{eventually, spawn_app, NatsServer, TestApp};
+use common::{dead_letter_a_job, eventually, spawn_app, NatsServer, TestApp};
 use ojs_client::trace::TraceContext;
 use ojs_client::worker::{
     ExecutionMiddleware, ExecutionNext, HandlerError, JobContext, Worker, WorkerConfig,
@@ -815,4 +815,61 @@ async fn a_worker_is_ready_while_running_and_unready_once_quiet_but_alive_until_
         std::net::TcpStream::connect(addr).is_err(),
         "the probes stop with the worker"
     );
+}
+
+#[tokio::test]
+async fn the_client_pauses_queues_reads_stats_and_progress_and_works_the_dead_letter_queue() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let client = Client::new(&app.base);
+    let job = client
+        .enqueue(JobSpec::new("t.x", json!([])).queue("ops"))
+        .await
+        .unwrap();
+    let id = job["id"].as_str().unwrap();
+    let paused = client.set_paused("ops", true).await.unwrap();
+    assert_eq!(
+        (&paused["name"], &paused["paused"]),
+        (&json!("ops"), &json!(true))
+    );
+    assert!(
+        app.fetch(&["ops"], "w-ops").await.is_empty(),
+        "a paused queue hands nothing out"
+    );
+    let stats = client.queue_stats("ops").await.unwrap();
+    assert_eq!(stats["paused"], true);
+    assert_eq!(
+        client.set_paused("ops", false).await.unwrap()["paused"],
+        false
+    );
+    let listed = client.queues(100, 0).await.unwrap();
+    assert!(listed["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|q| q["name"] == "ops" && q["paused"] == false));
+    assert_eq!(app.fetch(&["ops"], "w-ops").await.len(), 1);
+    let reported = app
+        .put(
+            &format!("/ojs/v1/jobs/{id}/progress"),
+            json!({"progress": 0.5, "message": "half", "worker_id": "w-ops"}),
+        )
+        .await;
+    assert_eq!(reported.status, 200);
+    let progress = client.progress(id).await.unwrap();
+    assert_eq!(
+        (&progress["progress"], &progress["message"]),
+        (&json!(0.5), &json!("half"))
+    );
+
+    let dead = dead_letter_a_job(&app, "ops-dlq").await;
+    let retried = client.retry_dead_letter(&dead).await.unwrap();
+    assert_eq!(
+        (&retried["id"], &retried["state"]),
+        (&json!(dead), &json!("available"))
+    );
+    let dead = dead_letter_a_job(&app, "ops-dlq-2").await;
+    client.delete_dead_letter(&dead).await.unwrap();
+    let gone = client.retry_dead_letter(&dead).await.unwrap_err();
+    assert_eq!(gone.code(), Some("not_found"));
 }

@@ -19,6 +19,7 @@
 //! ```
 
 mod chain;
+pub mod events;
 pub mod trace;
 pub mod worker;
 pub mod workflow;
@@ -107,6 +108,22 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The error of a non-2xx answer: its OJS error body's code and message, or, for a body
+    /// that is not one (a proxy's page), `unknown` and the text.
+    fn answered(status: u16, bytes: &[u8]) -> ClientError {
+        let body: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+        let error = &body["error"];
+        ClientError::Server {
+            status,
+            code: error["code"].as_str().unwrap_or("unknown").to_owned(),
+            message: error["message"].as_str().map_or_else(
+                || String::from_utf8_lossy(bytes).into_owned(),
+                str::to_owned,
+            ),
+            body,
+        }
+    }
+
     /// The OJS error code, when the server sent one.
     pub fn code(&self) -> Option<&str> {
         match self {
@@ -344,6 +361,64 @@ impl Client {
         self.call(reqwest::Method::GET, &path, None).await
     }
 
+    /// Moves a dead-lettered job back to `available` with fresh attempts; gives the job.
+    ///
+    /// # Errors
+    /// 404 when the job is not in the dead letter queue, or a transport error.
+    pub async fn retry_dead_letter(&self, id: &str) -> Result<Value, ClientError> {
+        let path = format!("/ojs/v1/dead-letter/{id}/retry");
+        Ok(self.call(reqwest::Method::POST, &path, None).await?["job"].clone())
+    }
+
+    /// Deletes a dead-lettered job for good.
+    ///
+    /// # Errors
+    /// 404 when the job is not in the dead letter queue, or a transport error.
+    pub async fn delete_dead_letter(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/ojs/v1/dead-letter/{id}");
+        self.call(reqwest::Method::DELETE, &path, None).await?;
+        Ok(())
+    }
+
+    /// One page of the queues (`name`, `status`, `paused`, `created_at` each) and its
+    /// `pagination`.
+    ///
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn queues(&self, limit: usize, offset: usize) -> Result<Value, ClientError> {
+        let path = format!("/ojs/v1/queues?limit={limit}&offset={offset}");
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
+    /// A queue's statistics: its jobs by state, throughput, whether it is paused.
+    ///
+    /// # Errors
+    /// 404 for an unknown queue, or a transport error.
+    pub async fn queue_stats(&self, queue: &str) -> Result<Value, ClientError> {
+        let path = format!("/ojs/v1/queues/{queue}/stats");
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
+    /// Pauses a queue (`true`) or resumes it (`false`): a paused queue keeps taking jobs
+    /// but hands none out. Gives the queue's `name`, `status` and `paused`.
+    ///
+    /// # Errors
+    /// 400 for an invalid queue name, or a transport error.
+    pub async fn set_paused(&self, queue: &str, paused: bool) -> Result<Value, ClientError> {
+        let verb = if paused { "pause" } else { "resume" };
+        let path = format!("/ojs/v1/queues/{queue}/{verb}");
+        Ok(self.call(reqwest::Method::POST, &path, None).await?["queue"].clone())
+    }
+
+    /// A job's latest progress (`progress` 0..1, `data`, `message`, `updated_at`).
+    ///
+    /// # Errors
+    /// 404 for an unknown job, or a transport error.
+    pub async fn progress(&self, id: &str) -> Result<Value, ClientError> {
+        let path = format!("/ojs/v1/jobs/{id}/progress");
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
     /// Registers (or replaces) a cron entry; `entry` is the registration body.
     ///
     /// # Errors
@@ -389,10 +464,7 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, ClientError> {
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(authorization) = &self.authorization {
-            req = req.header(reqwest::header::AUTHORIZATION, authorization.clone());
-        }
+        let mut req = self.request(method, path);
         if let Some(body) = body {
             req = req
                 .header("content-type", "application/openjobspec+json")
@@ -401,21 +473,24 @@ impl Client {
         let resp = req.send().await.map_err(ClientError::Transport)?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)?
-        };
-        if (200..300).contains(&status) {
-            return Ok(body);
+        if !(200..300).contains(&status) {
+            return Err(ClientError::answered(status, &bytes));
         }
-        let error = &body["error"];
-        Err(ClientError::Server {
-            status,
-            code: error["code"].as_str().unwrap_or("unknown").to_owned(),
-            message: error["message"].as_str().unwrap_or("").to_owned(),
-            body,
-        })
+        if bytes.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)
+    }
+
+    /// A request to `path` with the API key, if any.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{path}", self.base));
+        match &self.authorization {
+            Some(authorization) => {
+                req.header(reqwest::header::AUTHORIZATION, authorization.clone())
+            }
+            None => req,
+        }
     }
 }
 

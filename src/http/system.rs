@@ -12,6 +12,9 @@ use tracing::warn;
 /// 200 while NATS answers, 503 otherwise (the load balancer's signal).
 pub async fn health(State(state): State<SharedState>) -> Response {
     let uptime = state.started.elapsed().as_secs();
+    // From the queue registry's in-memory copy: free to read on every probe.
+    let queues = state.store.queues();
+    let paused = queues.iter().filter(|q| q.paused).count();
     match state.store.ping().await {
         Ok(latency) => respond(
             StatusCode::OK,
@@ -20,6 +23,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
                 "version": "1.0",
                 "uptime_seconds": uptime,
                 "backend": {"type": "nats", "status": "connected", "latency_ms": latency.as_millis() as u64},
+                "queues": {"active": queues.len() - paused, "paused": paused},
             }),
         ),
         Err(err) => respond(

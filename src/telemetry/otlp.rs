@@ -48,7 +48,7 @@ impl SpanExporter {
     pub fn export(&self, spans: Vec<JobSpan>) {
         let dropped = spans
             .into_iter()
-            .filter(|span| self.spans.try_send(span.clone()).is_err())
+            .filter_map(|span| self.spans.try_send(span).err())
             .count();
         self.metrics.trace_spans_dropped(dropped);
     }

@@ -809,6 +809,19 @@ async fn a_worker_is_ready_while_running_and_unready_once_quiet_but_alive_until_
         (live.status.as_u16(), &live.body["state"]),
         (200, &json!("quiet"))
     );
+    // A connection that never finishes its request is closed, not held open for good.
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stalled, b"GET /readyz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut stalled, &mut buf),
+    )
+    .await
+    .expect("the probe server closes a stalled connection");
+    assert_eq!(read.unwrap(), 0, "closed without an answer");
     control.terminate();
     run.await.unwrap();
     assert!(

@@ -16,6 +16,9 @@ use super::{Engine, WorkerState};
 
 /// Longest request head read; probes send a few hundred bytes.
 const MAX_HEAD: usize = 8 * 1024;
+/// How long a connection may take to send its request head; one that never finishes is
+/// closed instead of holding a task for good.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Answers probes on `listener` until the task is aborted.
 pub(super) async fn serve(listener: TcpListener, engine: Arc<Engine>) {
@@ -24,7 +27,9 @@ pub(super) async fn serve(listener: TcpListener, engine: Arc<Engine>) {
             continue;
         };
         let engine = engine.clone();
-        tokio::spawn(async move { answer(stream, &engine).await });
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(HEAD_TIMEOUT, answer(stream, &engine)).await;
+        });
     }
 }
 

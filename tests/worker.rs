@@ -885,4 +885,16 @@ async fn the_client_pauses_queues_reads_stats_and_progress_and_works_the_dead_le
     client.delete_dead_letter(&dead).await.unwrap();
     let gone = client.retry_dead_letter(&dead).await.unwrap_err();
     assert_eq!(gone.code(), Some("not_found"));
+    // An id is one path segment: it cannot steer the request to another route.
+    let other = client
+        .enqueue(JobSpec::new("t.x", json!([])).queue("ops-other"))
+        .await
+        .unwrap();
+    let other = other["id"].as_str().unwrap();
+    let steered = client
+        .delete_dead_letter(&format!("../jobs/{other}"))
+        .await
+        .unwrap_err();
+    assert_eq!(steered.code(), Some("not_found"), "{steered}");
+    assert_eq!(app.job(other).await["state"], "available", "not cancelled");
 }

@@ -278,7 +278,11 @@ impl Client {
     /// 404 `not_found` for an unknown id, or a transport error.
     pub async fn get(&self, id: &str) -> Result<Value, ClientError> {
         Ok(self
-            .call(reqwest::Method::GET, &format!("/ojs/v1/jobs/{id}"), None)
+            .call(
+                reqwest::Method::GET,
+                &format!("/ojs/v1/jobs/{}", segment(id)),
+                None,
+            )
             .await?["job"]
             .clone())
     }
@@ -289,7 +293,11 @@ impl Client {
     /// 404 or 409 from the server, or a transport error.
     pub async fn cancel(&self, id: &str) -> Result<Value, ClientError> {
         Ok(self
-            .call(reqwest::Method::DELETE, &format!("/ojs/v1/jobs/{id}"), None)
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/ojs/v1/jobs/{}", segment(id)),
+                None,
+            )
             .await?["job"]
             .clone())
     }
@@ -322,7 +330,7 @@ impl Client {
         Ok(self
             .call(
                 reqwest::Method::GET,
-                &format!("/ojs/v1/workflows/{id}"),
+                &format!("/ojs/v1/workflows/{}", segment(id)),
                 None,
             )
             .await?["workflow"]
@@ -337,7 +345,7 @@ impl Client {
         Ok(self
             .call(
                 reqwest::Method::DELETE,
-                &format!("/ojs/v1/workflows/{id}"),
+                &format!("/ojs/v1/workflows/{}", segment(id)),
                 None,
             )
             .await?["workflow"]
@@ -356,7 +364,7 @@ impl Client {
     ) -> Result<Value, ClientError> {
         let mut path = format!("/ojs/v1/dead-letter?limit={limit}&offset={offset}");
         if let Some(q) = queue {
-            path.push_str(&format!("&queue={q}"));
+            path.push_str(&format!("&queue={}", segment(q)));
         }
         self.call(reqwest::Method::GET, &path, None).await
     }
@@ -366,7 +374,7 @@ impl Client {
     /// # Errors
     /// 404 when the job is not in the dead letter queue, or a transport error.
     pub async fn retry_dead_letter(&self, id: &str) -> Result<Value, ClientError> {
-        let path = format!("/ojs/v1/dead-letter/{id}/retry");
+        let path = format!("/ojs/v1/dead-letter/{}/retry", segment(id));
         Ok(self.call(reqwest::Method::POST, &path, None).await?["job"].clone())
     }
 
@@ -375,7 +383,7 @@ impl Client {
     /// # Errors
     /// 404 when the job is not in the dead letter queue, or a transport error.
     pub async fn delete_dead_letter(&self, id: &str) -> Result<(), ClientError> {
-        let path = format!("/ojs/v1/dead-letter/{id}");
+        let path = format!("/ojs/v1/dead-letter/{}", segment(id));
         self.call(reqwest::Method::DELETE, &path, None).await?;
         Ok(())
     }
@@ -395,7 +403,7 @@ impl Client {
     /// # Errors
     /// 404 for an unknown queue, or a transport error.
     pub async fn queue_stats(&self, queue: &str) -> Result<Value, ClientError> {
-        let path = format!("/ojs/v1/queues/{queue}/stats");
+        let path = format!("/ojs/v1/queues/{}/stats", segment(queue));
         self.call(reqwest::Method::GET, &path, None).await
     }
 
@@ -406,7 +414,7 @@ impl Client {
     /// 400 for an invalid queue name, or a transport error.
     pub async fn set_paused(&self, queue: &str, paused: bool) -> Result<Value, ClientError> {
         let verb = if paused { "pause" } else { "resume" };
-        let path = format!("/ojs/v1/queues/{queue}/{verb}");
+        let path = format!("/ojs/v1/queues/{}/{verb}", segment(queue));
         Ok(self.call(reqwest::Method::POST, &path, None).await?["queue"].clone())
     }
 
@@ -415,7 +423,7 @@ impl Client {
     /// # Errors
     /// 404 for an unknown job, or a transport error.
     pub async fn progress(&self, id: &str) -> Result<Value, ClientError> {
-        let path = format!("/ojs/v1/jobs/{id}/progress");
+        let path = format!("/ojs/v1/jobs/{}/progress", segment(id));
         self.call(reqwest::Method::GET, &path, None).await
     }
 
@@ -447,7 +455,7 @@ impl Client {
         Ok(self
             .call(
                 reqwest::Method::DELETE,
-                &format!("/ojs/v1/cron/{name}"),
+                &format!("/ojs/v1/cron/{}", segment(name)),
                 None,
             )
             .await?["cron"]
@@ -492,6 +500,21 @@ impl Client {
             None => req,
         }
     }
+}
+
+/// `raw` as one path segment or query value: every byte outside RFC 3986's unreserved set
+/// is percent-encoded, so an id such as `../jobs/<id>` names nothing rather than another
+/// route. (A bare `.` or `..` still resolves to a parent path, none of which is a route
+/// that acts.)
+pub(crate) fn segment(raw: &str) -> String {
+    raw.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The last step of the chain for a batch: keeps the job instead of sending it.

@@ -207,7 +207,7 @@ impl JobContext {
         if let Some(message) = message {
             body["message"] = json!(message);
         }
-        let path = format!("/ojs/v1/jobs/{}/progress", self.id);
+        let path = format!("/ojs/v1/jobs/{}/progress", crate::segment(&self.id));
         self.client
             .call(reqwest::Method::PUT, &path, Some(body))
             .await?;

@@ -6,9 +6,9 @@
 # Integration tests start their own nats-server; NATS_SERVER_BIN tells them which one
 # (an existing NATS_SERVER_BIN is kept, otherwise one is found or installed).
 #
-# With cargo-nextest installed, tests of every binary run side by side (the integration
-# tests mostly wait on NATS, and one binary's slowest test no longer holds up the next
-# binary); doc tests then run with `cargo test --doc`. Without it, `cargo test` runs all.
+# With cargo-nextest installed, each test runs in its own process, side by side (the
+# integration tests mostly wait on NATS, and one slow test holds up no other); doc tests
+# then run with `cargo test --doc`. Without it, `cargo test` runs all.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

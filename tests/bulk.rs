@@ -2,7 +2,7 @@
 //! gateways: each job's outcome in request order, the jobs changed as their single operation
 //! would, and the request bounds.
 
-mod common;
+use crate::common;
 
 use common::{dead_letter_a_job, spawn_app, NatsServer, TestApp};
 use serde_json::{json, Value};

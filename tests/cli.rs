@@ -2,7 +2,7 @@
 //! (and `serve --help` starting nothing), exit codes, and the client commands against a
 //! gateway on a real nats-server.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

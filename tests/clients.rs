@@ -2,7 +2,7 @@
 //! request recorded in the shape `docs/clients.md` of the shared documents gives, served
 //! without changing what the conformance suites see.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

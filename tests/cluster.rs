@@ -3,7 +3,7 @@
 //! the busiest queue), and a node cut off from the other two with a gateway that only
 //! reaches it.
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

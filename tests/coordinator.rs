@@ -2,7 +2,7 @@
 //! queue, and leader failover across gateway processes. Run one at a time, so the numbers
 //! they print are not skewed by each other.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! Cron through the HTTP API and across replicas (cron spec §6–§8, HTTP binding §13).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

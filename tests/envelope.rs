@@ -1,7 +1,7 @@
 //! PUSH validation and the error contract, through the HTTP API (core §5; HTTP binding §3,
 //! §4, §6, §9.1–§9.2, §16).
 
-mod common;
+use crate::common;
 
 use common::{spawn_app, NatsServer};
 use serde_json::json;

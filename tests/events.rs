@@ -1,7 +1,7 @@
 //! Lifecycle events: derived from job writes, published on `<namespace>.events.<type>`,
 //! kept in the events stream and paged through `GET /ojs/v1/events` (events seed).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,9 +3,9 @@
 //! accepted job is lost, none is handed out twice, and each job's state is the one its
 //! history explains — within the repair bound architecture.md states for that point.
 //!
-//! Each point runs once; `OJS_FAULT_RUNS=20 cargo test --test failpoints` is the soak mode.
+//! Each point runs once; `OJS_FAULT_RUNS=20 cargo test --test integration failpoints::` is the soak mode.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Faults between two NATS calls, opened on purpose with failpoints (docs/architecture.md
 //! §3.15): what each leaves behind is what architecture.md §4 says.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

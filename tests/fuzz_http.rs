@@ -8,7 +8,7 @@
 //! 100,000), `OJS_FUZZ_SEED` the seed (default 1, so CI is repeatable; printed, so any
 //! failure can be replayed).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! through the HTTP API against a real nats-server. Every answer is a 4xx in the OJS error
 //! format, never a 5xx or a dropped connection, and the leader keeps working afterwards.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

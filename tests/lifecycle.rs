@@ -1,6 +1,6 @@
 //! The job lifecycle through PUSH, FETCH, ACK, FAIL, CANCEL and INFO (core §6–§7).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Job metrics (observability spec §8) at `/metrics`: cluster totals reported by the leader
 //! alone, so that summing over every replica counts each job once — across a failover too.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! poll open at the kill ends, nothing accepted is lost, and the coordinator resumes —
 //! timers due during the gap fire after it, and every cron tick of the gap fires once.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

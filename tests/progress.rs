@@ -2,7 +2,7 @@
 //! libraries' `POST /ojs/v1/workers/progress`, the throttle, progress as a heartbeat, the
 //! `job.progress` event and `JobContext::progress` in the Rust worker.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! client that just wrote, exact priority order at size, weighted queue order, and
 //! per-queue rate and concurrency limits held across replicas.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The README stays true: its module tree lists every source file and nothing else, and its
 //! example requests, run against a gateway, answer what it shows.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;

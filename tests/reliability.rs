@@ -2,7 +2,7 @@
 //! recovery, operator directives and the dead letter queue (worker protocol, retry and
 //! dead-letter specs).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Stateless replicas: any gateway answers any request; one leader at a time publishes events
 //! and fires timers (failover is in `coordinator.rs`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Retention of finished jobs (architecture §3.13): the leader prunes completed, cancelled
 //! and discarded jobs `finished_jobs_max_age_ms` after they finished, and nothing else.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

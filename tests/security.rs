@@ -2,7 +2,7 @@
 //! NATS that asks for credentials (user and password, token, nkey, a JWT credentials file)
 //! or TLS with client certificates — each a real nats-server started in that mode.
 
-mod common;
+use crate::common;
 
 use common::{spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_client::{Client, ClientError, JobSpec};

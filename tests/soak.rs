@@ -5,9 +5,9 @@
 //! and the event publisher's lag must stay flat, and every accepted job must have run once.
 //!
 //! Long by design, so not part of `cargo test`: `.ci/run` runs it for 5 minutes,
-//! `OJS_SOAK_SECS=3600 cargo test --test soak -- --ignored --nocapture` for an hour.
+//! `OJS_SOAK_SECS=3600 cargo test --test integration soak:: -- --ignored --nocapture` for an hour.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;

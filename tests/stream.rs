@@ -2,7 +2,7 @@
 //! any replica serves any stream, `Last-Event-ID` replays what is still stored (and says
 //! what is not), job streams end with their job, shutdown is announced.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

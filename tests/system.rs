@@ -1,6 +1,6 @@
 //! Health, manifest, metrics, the admin reset, and jobs surviving restarts.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! far timers handed back yet firing on time, redelivered timers held once, and the cap on
 //! timers clients can create. Run one at a time: they measure lateness.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

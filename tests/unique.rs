@@ -1,7 +1,7 @@
 //! Unique jobs through the HTTP API on a real nats-server (unique-jobs spec): strong under
 //! concurrent enqueues through two replicas, every conflict policy, batches all or none.
 
-mod common;
+use crate::common;
 
 use common::{spawn_app, NatsServer, TestApp};
 use futures::future::join_all;

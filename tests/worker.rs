@@ -2,7 +2,7 @@
 //! about processes: the example worker is started against a gateway on a real nats-server
 //! and sent POSIX signals.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -19,8 +19,8 @@ use ojs_client::{BoxFuture, Client, ClientError, EnqueueMiddleware, EnqueueNext,
 use serde_json::{json, Value};
 
 /// An example binary, next to this test's own binary. Built here first, so that running
-/// this file alone (`cargo test --test worker`) never runs a stale or missing one; after a
-/// whole `cargo test` the build has nothing to do.
+/// this file alone (`cargo test --test integration worker::`) never runs a stale or missing
+/// one; after a whole `cargo test` the build has nothing to do.
 fn example(name: &str) -> std::path::PathBuf {
     static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().unwrap();

@@ -2,7 +2,7 @@
 //! on, groups and batches end when their members do, callbacks fire once, cancel withdraws
 //! what has not started, and the events say so.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

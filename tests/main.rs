@@ -4,6 +4,7 @@
 
 mod common;
 
+mod admin;
 mod bulk;
 mod cli;
 mod clients;

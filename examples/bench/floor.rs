@@ -37,6 +37,7 @@ impl Floor {
             dead_letter_max_age: Config::default().dead_letter_max_age(),
             dead_letter_max_count: Config::default().dead_letter_max_count,
             lease_ttl: Duration::from_secs(3),
+            finished_jobs_max_age: Config::default().finished_jobs_max_age(),
         };
         let bucket = topology.jobs_bucket();
         js.create_stream(topology.bucket_stream(&bucket, topology.job_history, Duration::ZERO))

@@ -17,6 +17,7 @@ use tracing::{error, warn};
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
 use crate::domain::event::{step_events, Event};
+use crate::domain::listing::IndexMove;
 use crate::domain::spans::JobSpan;
 use crate::domain::stats::Change;
 use crate::domain::totals::Tally;
@@ -145,6 +146,7 @@ impl EventPublisher {
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
         let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
+        let mut indexed = Vec::new();
         let mut released = Vec::new();
         let mut spans = Vec::new();
         for w in batch {
@@ -154,6 +156,7 @@ impl EventPublisher {
                 continue;
             }
             if let Some((queue, state)) = &w.removed {
+                indexed.extend(IndexMove::of(&w.id, queue, [(Some(*state), None)]));
                 counted.entry(queue.clone()).or_default().push(Change {
                     sequence: w.revision,
                     from: Some(*state),
@@ -216,6 +219,11 @@ impl EventPublisher {
                     events.extend(recovered);
                     events.extend(own);
                     workflows.extend(seen);
+                    indexed.extend(IndexMove::of(
+                        &rec.job.id,
+                        &rec.job.queue,
+                        changes.iter().map(|c| (c.from, c.to)),
+                    ));
                     counted
                         .entry(rec.job.queue.clone())
                         .or_default()
@@ -241,6 +249,14 @@ impl EventPublisher {
         // Workflows move on after the events of the writes that moved them.
         while let Err(err) = self.store.advance_workflows(&workflows).await {
             warn!(error = %err, "moving workflows on failed; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        // The index of finished jobs (architecture §3.26), before the batch is acknowledged.
+        while let Err(err) = self.store.index_jobs(&indexed).await {
+            warn!(error = %err, "indexing jobs failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}

@@ -1,10 +1,13 @@
 //! Bulk CANCEL, RETRY and DELETE by job id (bulk-operations spec §6–§9): what a request may
 //! ask for and the shape of the answer. Pure: `store/bulk.rs` runs the operation on each id.
 
+use std::collections::HashMap;
+
 use serde_json::{json, Map, Value};
 
 use super::error::{ErrorCode, OjsError};
 use super::fields;
+use super::listing::ListQuery;
 
 /// Most job ids one bulk request may name (the spec asks for at least 100, 1,000 advised).
 pub const MAX_BULK_IDS: usize = 1_000;
@@ -17,6 +20,15 @@ pub enum BulkOp {
 }
 
 impl BulkOp {
+    /// The admin spec's name of the operation.
+    pub fn action(self) -> &'static str {
+        match self {
+            BulkOp::Cancel => "cancel",
+            BulkOp::Retry => "retry",
+            BulkOp::Delete => "delete",
+        }
+    }
+
     /// What a job that went through became: the item's `status` and the summary's count.
     pub fn done(self) -> &'static str {
         match self {
@@ -135,9 +147,155 @@ pub fn answer(op: BulkOp, ids: &[String], results: &[Result<(), OjsError>]) -> (
     (status, body)
 }
 
+/// Admin spec §4: a destructive admin request must carry `confirm: true`.
+///
+/// # Errors
+/// 400 naming `confirm` otherwise.
+pub fn confirmed(body: &Map<String, Value>) -> Result<(), OjsError> {
+    match body.get("confirm") {
+        Some(Value::Bool(true)) => Ok(()),
+        _ => Err(OjsError::invalid(
+            "confirm",
+            "This request changes or removes jobs for good: send \"confirm\": true.",
+        )),
+    }
+}
+
+/// What an admin bulk request selects (admin spec §8): job ids, or a `filter` of queue,
+/// state and type, run over at most `MAX_BULK_IDS` jobs a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Selection {
+    Ids(Vec<String>),
+    Filter(ListQuery),
+}
+
+/// # Errors
+/// 400 for a missing `confirm: true`, for both or neither of `job_ids` and `filter`, or for
+/// a filter field the listing refuses; 413 past `MAX_BULK_IDS` ids.
+pub fn selection(body: &Map<String, Value>) -> Result<Selection, OjsError> {
+    confirmed(body)?;
+    let Some(filter) = fields::present(body.get("filter")) else {
+        return job_ids(body).map(Selection::Ids);
+    };
+    if fields::present(body.get("job_ids")).is_some() {
+        return Err(OjsError::invalid(
+            "filter",
+            "Give either job_ids or filter, not both.",
+        ));
+    }
+    let Value::Object(filter) = filter else {
+        return Err(fields::type_error("filter", "an object", filter));
+    };
+    let mut params = HashMap::new();
+    for key in ["queue", "state", "type"] {
+        match filter.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) => {
+                params.insert(key.to_owned(), v.clone());
+            }
+            Some(other) => return Err(fields::type_error(key, "a string", other)),
+        }
+    }
+    if params.is_empty() {
+        return Err(OjsError::invalid(
+            "filter",
+            "A filter names at least one of queue, state and type.",
+        ));
+    }
+    let q = ListQuery::parse(&params)?;
+    Ok(Selection::Filter(ListQuery::of(
+        q.queue, q.state, q.job_type,
+    )))
+}
+
+/// The admin answer (admin spec §8.1): how many jobs were matched, went through or not,
+/// and why each one did not.
+pub fn admin_answer(op: BulkOp, ids: &[String], results: &[Result<(), OjsError>]) -> Value {
+    let errors: Vec<Value> = ids
+        .iter()
+        .zip(results)
+        .filter_map(|(id, r)| {
+            r.as_ref()
+                .err()
+                .map(|err| json!({"job_id": id, "error": err.message, "code": err.code.as_str()}))
+        })
+        .collect();
+    json!({
+        "action": op.action(),
+        "matched": ids.len(),
+        "succeeded": ids.len() - errors.len(),
+        "failed": errors.len(),
+        "errors": errors,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn admin_selections_need_confirmation_and_one_of_ids_or_a_filter() {
+        use crate::domain::state::JobState;
+        let field = |v: Value| {
+            let err = selection(&body(v)).unwrap_err();
+            err.details
+                .get("field")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        assert_eq!(field(json!({"job_ids": ["a"]})).as_deref(), Some("confirm"));
+        assert_eq!(
+            field(json!({"job_ids": ["a"], "confirm": "yes"})).as_deref(),
+            Some("confirm")
+        );
+        assert_eq!(
+            field(json!({"confirm": true, "filter": {}})).as_deref(),
+            Some("filter")
+        );
+        assert_eq!(
+            field(json!({"confirm": true, "filter": {"state": "done"}})).as_deref(),
+            Some("state")
+        );
+        assert_eq!(
+            field(json!({"confirm": true, "filter": {"queue": 3}})).as_deref(),
+            Some("queue")
+        );
+        assert_eq!(
+            field(json!({"confirm": true, "filter": {"state": "discarded"}, "job_ids": ["a"]}))
+                .as_deref(),
+            Some("filter")
+        );
+        assert_eq!(
+            selection(&body(json!({"confirm": true, "job_ids": ["a", "b"]}))).unwrap(),
+            Selection::Ids(vec!["a".into(), "b".into()])
+        );
+        let Selection::Filter(q) = selection(&body(
+            json!({"confirm": true, "filter": {"queue": "email", "state": "discarded", "type": "email.send"}}),
+        ))
+        .unwrap() else {
+            panic!("a filter selects by filter")
+        };
+        assert_eq!(q.queue.as_deref(), Some("email"));
+        assert_eq!(q.state, Some(JobState::Discarded));
+        assert_eq!(q.job_type.as_deref(), Some("email.send"));
+    }
+
+    #[test]
+    fn the_admin_answer_counts_and_explains_each_failure() {
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        let results = vec![Ok(()), Err(OjsError::not_found("job", "b"))];
+        let answer = admin_answer(BulkOp::Retry, &ids, &results);
+        assert_eq!(answer["action"], "retry");
+        assert_eq!(
+            (
+                answer["matched"].as_u64(),
+                answer["succeeded"].as_u64(),
+                answer["failed"].as_u64()
+            ),
+            (Some(2), Some(1), Some(1))
+        );
+        assert_eq!(answer["errors"][0]["job_id"], "b");
+        assert_eq!(answer["errors"][0]["code"], "not_found");
+    }
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

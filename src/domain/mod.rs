@@ -17,6 +17,7 @@ pub mod horizon;
 pub mod job;
 pub mod lanes;
 pub mod lifecycle;
+pub mod listing;
 pub mod progress;
 pub mod rate_limit;
 pub mod requests;

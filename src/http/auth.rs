@@ -144,7 +144,7 @@ impl Keys {
 /// What a route asks of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Access {
-    /// Browsers' CORS preflights carry no credentials.
+    /// Browsers' CORS preflights carry no credentials; the dashboard's static files.
     Open,
     /// Health, probes and metrics: open when `open_health_and_metrics` says so.
     Probe,
@@ -167,6 +167,10 @@ pub(super) fn access(method: &Method, path: &str) -> Access {
             | "/metrics"
     ) {
         return Access::Probe;
+    }
+    // The dashboard's static files; its requests to the API carry the key.
+    if path == "/ojs/admin" || path.starts_with("/ojs/admin/") {
+        return Access::Open;
     }
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     let admin = match segments.as_slice() {

@@ -5,6 +5,7 @@ mod admin;
 pub mod auth;
 mod bulk;
 mod cron;
+mod dashboard;
 mod dead_letter;
 mod error;
 mod events;
@@ -238,21 +239,135 @@ pub fn router(state: SharedState) -> Router {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/stats",
+            "Aggregate statistics",
+            admin::stats::get,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/queues",
+            "Queues with their counts",
+            admin::queues::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/queues/{name}",
+            "A queue: counts, limits, dead letters",
+            admin::queues::get,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/queues/{name}/pause",
+            "Pause a queue",
+            queues::pause,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/queues/{name}/resume",
+            "Resume a queue",
+            queues::resume,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/admin/queues/{name}/jobs",
+            "Purge a queue's finished jobs",
+            admin::queues::purge_jobs,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/jobs",
+            "List jobs by queue, state and type",
+            admin::jobs::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/jobs/{id}",
+            "A job's whole envelope",
+            admin::jobs::get,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/jobs/{id}/cancel",
+            "Cancel a job",
+            jobs::cancel,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/jobs/{id}/retry",
+            "Retry a discarded or retryable job now",
+            admin::jobs::retry,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/jobs/bulk/retry",
+            "Retry jobs by ids or filter",
+            admin::jobs::bulk_retry,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/jobs/bulk/cancel",
+            "Cancel jobs by ids or filter",
+            admin::jobs::bulk_cancel,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/jobs/bulk/delete",
+            "Delete finished jobs by ids or filter",
+            admin::jobs::bulk_delete,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/dead-letter",
+            "List dead-lettered jobs",
+            admin::dead_letter::list,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/admin/dead-letter",
+            "Purge dead-lettered jobs",
+            admin::dead_letter::purge_all,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/dead-letter/{id}/retry",
+            "Retry a dead-lettered job",
+            dead_letter::retry,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/admin/dead-letter/{id}",
+            "Delete a dead-lettered job",
+            dead_letter::delete,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/workers",
+            "Workers with their state",
+            admin::workers::list,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/admin/workers/{id}",
             "A worker's registry entry",
-            admin::worker,
+            admin::workers::get,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/admin/workers/{id}",
+            "Deregister a stale worker",
+            admin::workers::deregister,
         )
         .add(
             M::POST,
             "/ojs/v1/admin/workers/{id}/quiet",
             "Tell a worker to stop fetching",
-            admin::quiet,
+            admin::workers::quiet,
         )
         .add(
             M::POST,
             "/ojs/v1/admin/workers/{id}/terminate",
             "Tell a worker to stop",
-            admin::terminate,
+            admin::workers::terminate,
         )
         .add(
             M::GET,
@@ -306,7 +421,7 @@ pub fn router(state: SharedState) -> Router {
             admin::reset,
         );
     }
-    let api = api.finish();
+    let api = api.finish().merge(dashboard::routes());
     api.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -478,7 +593,7 @@ fn wants_plain_json(headers: &axum::http::HeaderMap) -> bool {
 
 /// Reads a path id as a job id; anything else names no job (404) and never reaches NATS,
 /// where it would become part of a subject.
-fn job_id(raw: &str) -> Result<String, OjsError> {
+pub(crate) fn job_id(raw: &str) -> Result<String, OjsError> {
     crate::domain::envelope::parse_job_id(raw)
         .ok_or_else(|| OjsError::not_found("job", &truncated(raw)))
 }

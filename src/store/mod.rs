@@ -11,8 +11,10 @@ mod enqueue;
 mod error;
 mod events;
 mod fetch;
+mod finished_index;
 mod handled;
 mod lease;
+mod listing;
 mod mirror;
 mod progress;
 mod pruner;
@@ -50,7 +52,9 @@ pub use dead_letter::DeadLetterPage;
 pub use enqueue::Enqueued;
 pub use error::backend;
 pub use events::{EventFeed, EventPage, EventQuery, FollowFrom, JobWrite, JobWrites};
+use finished_index::FINISHED_STATES;
 pub use lease::Lease;
+pub use listing::JobPage;
 pub use progress::Reported;
 pub use pruner::{StoredWrite, WriteBody};
 pub use queue_ops::QueueStats;
@@ -112,6 +116,8 @@ struct Inner {
     events: jetstream::stream::Stream,
     /// The dead-letter stream, for listings.
     dead_letter: jetstream::stream::Stream,
+    /// The leader's index of completed, cancelled and pending jobs (`finished_index.rs`).
+    finished: finished_index::FinishedIndex,
     /// Event `source` URI of this gateway's API, and of its cron scheduler.
     source: String,
     cron_source: String,
@@ -182,6 +188,7 @@ impl Store {
             dead_letter_max_age: cfg.dead_letter_max_age(),
             dead_letter_max_count: cfg.dead_letter_max_count,
             lease_ttl: cfg.lease_ttl(),
+            finished_jobs_max_age: cfg.finished_jobs_max_age(),
         };
         let started = Instant::now();
         let jobs = ensure_bucket(
@@ -247,6 +254,7 @@ impl Store {
         let events = ensure_stream(&js, topology.events_stream_config()).await?;
         ensure_stream(&js, topology.timers_stream_config()).await?;
         let dead_letter = ensure_stream(&js, topology.dead_letter_stream_config()).await?;
+        let finished = finished_index::FinishedIndex::ensure(&js, &topology).await?;
         let server_max = client.server_info().max_payload;
         let queues = QueueRegistry::start(
             client.clone(),
@@ -281,6 +289,7 @@ impl Store {
                 handled,
                 events,
                 dead_letter,
+                finished,
                 source: format!("ojs://{}/api", cfg.service_name),
                 cron_source: format!("ojs://{}/cron", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
@@ -396,6 +405,7 @@ impl Store {
             t.timers_stream(),
             t.dead_letter_stream(),
         ];
+        streams.extend(FINISHED_STATES.map(|state| t.finished_stream(state)));
         while let Some(name) = names.next().await {
             let name = name.map_err(backend("listing streams"))?;
             if name.starts_with(&t.queue_stream_prefix())

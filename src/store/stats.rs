@@ -120,21 +120,7 @@ impl Store {
     /// # Errors
     /// When NATS fails.
     pub async fn cluster_totals(&self) -> Result<ClusterTotals, OjsError> {
-        let queues = futures::stream::iter(self.queues())
-            .map(|q| async move {
-                let counts = cas::read::<QueueCounts>(
-                    &self.inner.stats,
-                    &counts_key(&q.name),
-                    Replica::Nearest,
-                    "queue count",
-                )
-                .await?;
-                Ok::<_, OjsError>(counts.value.map(|c| (q.name, c)))
-            })
-            .buffered(READS_AT_ONCE)
-            .try_filter_map(|found| async move { Ok(found) })
-            .try_collect()
-            .await?;
+        let queues = self.all_queue_counts().await?;
         let workers = self
             .inner
             .workers
@@ -151,6 +137,28 @@ impl Store {
             unhandled_writes: self.last_job_write().await?.saturating_sub(counted),
             timers_pending: self.timers_stored().await?,
         })
+    }
+
+    /// Every registered queue's counters as stored (a queue no job was written to has none).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn all_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+        futures::stream::iter(self.queues())
+            .map(|q| async move {
+                let counts = cas::read::<QueueCounts>(
+                    &self.inner.stats,
+                    &counts_key(&q.name),
+                    Replica::Nearest,
+                    "queue count",
+                )
+                .await?;
+                Ok::<_, OjsError>(counts.value.map(|c| (q.name, c)))
+            })
+            .buffered(READS_AT_ONCE)
+            .try_filter_map(|found| async move { Ok(found) })
+            .try_collect()
+            .await
     }
 
     /// The mark: every job write up to it is counted.

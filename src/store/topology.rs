@@ -7,6 +7,7 @@ use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
 
 use crate::domain::rate_limit::RateLimit;
+use crate::domain::state::JobState;
 
 /// Name (and name prefix) of the event publisher's consumers on the jobs stream.
 const EVENT_PUBLISHER: &str = "event-publisher";
@@ -25,6 +26,8 @@ pub struct Topology {
     pub dead_letter_max_age: Duration,
     pub dead_letter_max_count: i64,
     pub lease_ttl: Duration,
+    /// How long finished jobs stay readable; `None`: for ever.
+    pub finished_jobs_max_age: Option<Duration>,
 }
 
 /// Stream names may not contain `.`, queue names may; queue names never contain `_`, so
@@ -103,6 +106,48 @@ impl Topology {
             max_age: self.dead_letter_max_age,
             max_messages: self.dead_letter_max_count,
             discard: DiscardPolicy::Old,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+
+    /// The leader's index of the jobs in `state` (`completed`, `cancelled`, `pending`),
+    /// one subject per job (architecture §3.26).
+    pub fn finished_stream(&self, state: JobState) -> String {
+        format!("{}-finished-{state}", self.namespace)
+    }
+
+    /// The subjects of one queue's entries in the index of `state`, up to the job id.
+    pub fn finished_queue_prefix(&self, state: JobState, queue: &str) -> String {
+        format!(
+            "{}.finished.{state}.{}.",
+            self.namespace,
+            encode_queue(queue)
+        )
+    }
+
+    pub fn finished_subject(&self, state: JobState, queue: &str, id: &str) -> String {
+        format!("{}{id}", self.finished_queue_prefix(state, queue))
+    }
+
+    /// One entry per job (a repeated publish replaces it). Entries of terminal states
+    /// outlive the records they name by an hour, then NATS drops them, so pruning a job
+    /// needs no removal here; `pending` entries are removed when the job is released.
+    pub fn finished_stream_config(&self, state: JobState) -> stream::Config {
+        let max_age = match (state, self.finished_jobs_max_age) {
+            (JobState::Completed | JobState::Cancelled, Some(age)) => {
+                age + Duration::from_secs(3600)
+            }
+            _ => Duration::ZERO,
+        };
+        stream::Config {
+            name: self.finished_stream(state),
+            subjects: vec![format!("{}.finished.{state}.>", self.namespace)],
+            retention: RetentionPolicy::Limits,
+            max_messages_per_subject: 1,
+            max_age,
             storage: self.storage,
             num_replicas: self.replicas,
             allow_direct: true,
@@ -347,6 +392,7 @@ mod tests {
             dead_letter_max_age: Duration::from_secs(60),
             dead_letter_max_count: 10,
             lease_ttl: Duration::from_secs(3),
+            finished_jobs_max_age: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::warn;
@@ -177,6 +178,64 @@ impl Store {
             .await?
             .map(|(rec, _)| rec)
             .ok_or_else(|| OjsError::not_found("worker", worker_id))
+    }
+
+    /// Every worker in the registry, with whether it is stale (silent past the heartbeat
+    /// timeout, not yet declared dead). O(workers): a key listing and a get per worker.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn workers(&self) -> Result<Vec<(WorkerRecord, bool)>, OjsError> {
+        let keys: Vec<String> = self
+            .inner
+            .workers
+            .keys()
+            .await
+            .map_err(backend("listing the worker registry"))?
+            .try_collect()
+            .await
+            .map_err(backend("listing the worker registry"))?;
+        let now = Utc::now();
+        let reads = futures::stream::iter(keys)
+            .map(|key| async move {
+                cas::read::<WorkerRecord>(&self.inner.workers, &key, Replica::Nearest, "worker")
+                    .await
+            })
+            .buffered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let mut workers: Vec<(WorkerRecord, bool)> = reads
+            .into_iter()
+            .filter_map(|current| current.value)
+            .map(|rec| {
+                let silent = (now - rec.last_seen).to_std().unwrap_or_default();
+                let stale = silent >= self.inner.heartbeat_timeout;
+                (rec, stale)
+            })
+            .collect();
+        workers.sort_by(|a, b| a.0.worker_id.cmp(&b.0.worker_id));
+        Ok(workers)
+    }
+
+    /// An operator removes a stale worker (admin spec §9.4): its jobs go back to their
+    /// queues as when its timer fires. A worker still heartbeating is left alone.
+    ///
+    /// # Errors
+    /// 404 unknown worker; 409 for a worker heard from within the heartbeat timeout.
+    pub async fn deregister_worker(&self, worker_id: &str) -> Result<(), OjsError> {
+        let rec = self.worker(worker_id).await?;
+        let silent = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
+        if silent < self.inner.heartbeat_timeout {
+            return Err(OjsError::new(
+                ErrorCode::Conflict,
+                format!(
+                    "Worker '{worker_id}' heartbeated {} ms ago; only a stale worker (silent for {} ms) can be deregistered. Quiet or terminate it instead.",
+                    silent.as_millis(),
+                    self.inner.heartbeat_timeout.as_millis()
+                ),
+            ));
+        }
+        self.worker_expired(worker_id).await
     }
 
     /// A worker's timer fired: if it has not heartbeated within the timeout, its jobs go

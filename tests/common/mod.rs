@@ -461,6 +461,11 @@ impl TestApp {
         self.send_json(reqwest::Method::PUT, path, body).await
     }
 
+    /// DELETE with a JSON body (the admin API's purges).
+    pub async fn delete_json(&self, path: &str, body: Value) -> Reply {
+        self.send_json(reqwest::Method::DELETE, path, body).await
+    }
+
     /// `body` as an OJS JSON request with `method`.
     async fn send_json(&self, method: reqwest::Method, path: &str, body: Value) -> Reply {
         let resp = self

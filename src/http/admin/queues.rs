@@ -1,0 +1,125 @@
+//! Queues for operators (admin spec §6): every queue with its counts and throughput, one
+//! queue's configuration, and purging its finished jobs. Pause and resume are the data
+//! plane's (`http/queues.rs`) under the admin path.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use super::{older_than, purge};
+use crate::domain::bulk::confirmed;
+use crate::domain::envelope::validate_queue;
+use crate::domain::error::OjsError;
+use crate::domain::fields;
+use crate::domain::listing::ListQuery;
+use crate::domain::state::JobState;
+use crate::domain::stats::QueueCounts;
+use crate::domain::time::format;
+use crate::http::extract::JsonObject;
+use crate::http::{respond, ApiError, SharedState};
+use crate::store::QueueMeta;
+
+/// `GET /admin/queues`: every registered queue, one counter read each (admin spec §6.1).
+pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let counts = state.store.all_queue_counts().await?;
+    let mut queues = state.store.queues();
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let items: Vec<Value> = queues
+        .iter()
+        .map(|meta| {
+            let c = counts
+                .iter()
+                .find(|(name, _)| *name == meta.name)
+                .map(|(_, c)| c);
+            item(&meta.name, Some(meta), c)
+        })
+        .collect();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "items": items,
+            "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
+        }),
+    ))
+}
+
+/// `GET /admin/queues/{name}`: the list item, the limits in force and the DLQ count.
+pub async fn get(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let stats = state.store.queue_stats(&name).await?;
+    let meta = stats.meta.as_ref();
+    let mut body = item(&name, meta, Some(&stats.counts));
+    body["configuration"] = json!({
+        "rate_limit": meta.and_then(|m| m.rate_limit).map(|r| json!({"limit": r.limit, "window_ms": r.window_ms})),
+        "concurrency": meta.and_then(|m| m.concurrency),
+        "priorities": meta.map(|m| m.priorities.clone()).unwrap_or_default(),
+    });
+    body["dead_letter"] = json!(stats.dead);
+    if let Some(at) = meta.and_then(|m| m.paused_at) {
+        body["paused_at"] = json!(format(at));
+    }
+    Ok(respond(StatusCode::OK, &body))
+}
+
+/// `DELETE /admin/queues/{name}/jobs` with `{states, older_than?, confirm: true}`: removes
+/// finished jobs only; waiting and running ones are cancelled first (bulk cancel).
+pub async fn purge_jobs(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    confirmed(&body)?;
+    let states = fields::array(body.get("states"), "states", "an array of states")?
+        .ok_or_else(|| fields::missing("states", "an array of finished states"))?
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .and_then(JobState::parse)
+                .filter(|s| s.is_terminal())
+                .ok_or_else(|| {
+                    OjsError::invalid(
+                        "states",
+                        "states may name completed, cancelled and discarded; cancel waiting or running jobs first.",
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if states.is_empty() {
+        return Err(OjsError::invalid("states", "Name at least one state to purge.").into());
+    }
+    let older_than = older_than(&body)?;
+    purge(
+        &state.store,
+        ListQuery::of(Some(name), None, None),
+        states,
+        older_than,
+    )
+    .await
+}
+
+/// A queue as listed: name, state, counts by state, throughput.
+fn item(name: &str, meta: Option<&QueueMeta>, counts: Option<&QueueCounts>) -> Value {
+    let mut by_state = serde_json::Map::new();
+    for s in JobState::ALL {
+        by_state.insert(
+            s.as_str().into(),
+            json!(counts.map_or(0, |c| c.states.of(s))),
+        );
+    }
+    let per_second = counts.map_or(0.0, |c| c.throughput(Utc::now()));
+    let paused = meta.is_some_and(|m| m.paused);
+    json!({
+        "name": name,
+        "state": if paused { "paused" } else { "active" },
+        "paused": paused,
+        "counts": by_state,
+        "throughput": {"processed_per_minute": per_second * 60.0},
+        "created_at": meta.map(|m| format(m.created_at)),
+    })
+}

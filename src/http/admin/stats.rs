@@ -1,0 +1,34 @@
+//! Aggregate statistics (admin spec §10.1): the queue counters summed, the workers counted;
+//! no job is read.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::Utc;
+use serde_json::json;
+
+use crate::domain::state::JobState;
+use crate::http::{respond, ApiError, SharedState};
+
+pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let totals = state.store.cluster_totals().await?;
+    let now = Utc::now();
+    let mut jobs = serde_json::Map::new();
+    for s in JobState::ALL {
+        let n: u64 = totals.queues.iter().map(|(_, c)| c.states.of(s)).sum();
+        jobs.insert(s.as_str().into(), json!(n));
+    }
+    let per_second: f64 = totals.queues.iter().map(|(_, c)| c.throughput(now)).sum();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "queues": state.store.queues().len(),
+            "workers": totals.workers,
+            "jobs": jobs,
+            "throughput": {"processed_per_minute": per_second * 60.0},
+            "unhandled_writes": totals.unhandled_writes,
+            "timers_pending": totals.timers_pending,
+            "uptime_seconds": state.started.elapsed().as_secs(),
+        }),
+    ))
+}

@@ -1,0 +1,111 @@
+//! Workers for operators (admin spec §9): every worker with its state, one worker, the
+//! quiet and terminate directives answered on its next heartbeat, and removing a stale one.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use crate::domain::error::OjsError;
+use crate::domain::fields::truncated;
+use crate::domain::time::format;
+use crate::domain::worker::is_worker_id;
+use crate::http::{respond, ApiError, SharedState};
+use crate::store::{WorkerRecord, WorkerState};
+
+/// `GET /admin/workers`: `{items, summary: {total, running, quiet, stale}, pagination}`.
+pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let workers = state.store.workers().await?;
+    let items: Vec<Value> = workers.iter().map(|(w, stale)| item(w, *stale)).collect();
+    let count = |s: &str| items.iter().filter(|i| i["state"] == s).count();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "summary": {
+                "total": items.len(),
+                "running": count("running"),
+                "quiet": count("quiet"),
+                "terminate": count("terminate"),
+                "stale": count("stale"),
+            },
+            "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
+            "items": items,
+        }),
+    ))
+}
+
+pub async fn get(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let worker = state.store.worker(known_worker(&id)?).await?;
+    Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
+}
+
+/// Admin spec §9.3: the worker stops fetching and finishes what it holds.
+pub async fn quiet(state: State<SharedState>, id: Path<String>) -> Result<Response, ApiError> {
+    direct(state, id, WorkerState::Quiet).await
+}
+
+/// The worker finishes or releases what it holds and exits.
+pub async fn terminate(state: State<SharedState>, id: Path<String>) -> Result<Response, ApiError> {
+    direct(state, id, WorkerState::Terminate).await
+}
+
+/// Admin spec §9.4: a stale worker's jobs go back to their queues and its entry goes.
+pub async fn deregister(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = known_worker(&id)?;
+    state.store.deregister_worker(id).await?;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({ "deregistered": true, "worker_id": id }),
+    ))
+}
+
+async fn direct(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    to: WorkerState,
+) -> Result<Response, ApiError> {
+    let worker = state.store.direct_worker(known_worker(&id)?, to).await?;
+    Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
+}
+
+/// A worker as listed (admin spec §9.1); `state` is `stale` for a worker silent past the
+/// heartbeat timeout, else the directive in force.
+fn item(w: &WorkerRecord, stale: bool) -> Value {
+    let state = if stale {
+        "stale"
+    } else {
+        match w.directive {
+            WorkerState::Running => "running",
+            WorkerState::Quiet => "quiet",
+            WorkerState::Terminate => "terminate",
+        }
+    };
+    json!({
+        "id": w.worker_id,
+        "hostname": w.info.get("hostname"),
+        "state": state,
+        "reported_state": w.reported_state,
+        "queues": w.info.get("queues"),
+        "concurrency": w.info.get("concurrency"),
+        "active_jobs": w.active_job_ids.len(),
+        "active_job_ids": w.active_job_ids,
+        "started_at": format(w.first_seen),
+        "last_heartbeat_at": format(w.last_seen),
+        "metadata": w.info,
+    })
+}
+
+/// A path segment that cannot be a worker id names no worker (404); it never becomes a key.
+fn known_worker(id: &str) -> Result<&str, OjsError> {
+    if is_worker_id(id) {
+        Ok(id)
+    } else {
+        Err(OjsError::not_found("worker", &truncated(id)))
+    }
+}

@@ -1,0 +1,434 @@
+//! The admin API (`/ojs/v1/admin/…`) through HTTP on a real nats-server: listings of every
+//! state a page at a time from the per-state sources (architecture §3.26), queue and worker
+//! views, statistics, bulk operations by filter with confirmation, purges, and the
+//! dashboard's files.
+
+use crate::common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{
+    dead_letter_a_job, eventually, spawn_app, spawn_app_with, test_config, NatsServer, TestApp,
+};
+use ojs_jetstream::config::KeyList;
+use serde_json::{json, Value};
+
+/// Keys are at least 32 characters.
+const DATA_KEY: &str = "data-key-0123456789abcdef0123456789";
+const ADMIN_KEY: &str = "admin-key-0123456789abcdef012345678";
+
+fn typed(queue: &str, job_type: &str, options: Value) -> Value {
+    let mut options = options;
+    options["queue"] = json!(queue);
+    json!({"type": job_type, "args": [], "options": options})
+}
+
+fn ids(page: &Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items in {page}"))
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Every job a listing shows, page by page through `next_cursor`.
+async fn all_pages(app: &TestApp, query: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let r = app
+            .get(&format!("/ojs/v1/admin/jobs?{query}&per_page=7{cursor}"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body["items"].as_array().unwrap().len() <= 7);
+        seen.extend(ids(&r.body));
+        match r.body["pagination"]["next_cursor"].as_str() {
+            Some(next) => cursor = format!("&cursor={next}"),
+            None => return seen,
+        }
+    }
+}
+
+async fn listed(app: &TestApp, query: &str) -> Vec<String> {
+    let r = app.get(&format!("/ojs/v1/admin/jobs?{query}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    ids(&r.body)
+}
+
+#[tokio::test]
+async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut waiting = Vec::new();
+    for i in 0..30 {
+        let t = if i % 3 == 0 { "adm.a" } else { "adm.b" };
+        waiting.push(app.enqueue(typed("adm", t, json!({}))).await);
+    }
+    let other = app.enqueue(typed("adm-other", "adm.a", json!({}))).await;
+
+    // Newest first by default, oldest first on request; every job once across pages.
+    let desc = all_pages(&app, "queue=adm&state=available").await;
+    let mut newest_first = waiting.clone();
+    newest_first.reverse();
+    assert_eq!(desc, newest_first);
+    assert_eq!(
+        all_pages(&app, "queue=adm&state=available&order=asc").await,
+        waiting
+    );
+    let page = app
+        .get("/ojs/v1/admin/jobs?queue=adm&state=available&per_page=5")
+        .await;
+    assert_eq!(page.body["pagination"]["total"], 30);
+    assert_eq!(page.body["pagination"]["per_page"], 5);
+    let item = &page.body["items"][0];
+    assert_eq!(item["id"], waiting[29].as_str());
+    assert_eq!(
+        (item["queue"].as_str(), item["state"].as_str()),
+        (Some("adm"), Some("available"))
+    );
+    assert!(
+        item.get("args").is_none(),
+        "a listed job is a summary: {item}"
+    );
+    // A type filter, and a state across queues.
+    let a_type: Vec<String> = waiting.iter().step_by(3).rev().cloned().collect();
+    assert_eq!(
+        all_pages(&app, "queue=adm&state=available&type=adm.a").await,
+        a_type
+    );
+    let everywhere = all_pages(&app, "state=available").await;
+    assert_eq!(everywhere.len(), 31);
+    assert!(everywhere.contains(&other));
+
+    // Fetched jobs are active, no longer available; acknowledged ones completed (the
+    // leader indexes them once it has handled their writes).
+    let fetched: Vec<String> = app
+        .fetch(&["adm"], "w1")
+        .await
+        .iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(fetched, vec![waiting[0].clone()]);
+    assert_eq!(listed(&app, "queue=adm&state=active").await, fetched);
+    assert!(!listed(&app, "queue=adm&state=available&per_page=100")
+        .await
+        .contains(&fetched[0]));
+    let r = app
+        .ack(json!({"job_id": fetched[0], "worker_id": "w1"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    eventually(
+        Duration::from_secs(5),
+        "the completed job listed",
+        || async { (listed(&app, "queue=adm&state=completed").await == fetched).then_some(()) },
+    )
+    .await;
+    assert!(listed(&app, "queue=adm&state=active").await.is_empty());
+
+    // Scheduled, cancelled, dead-lettered.
+    let later = app
+        .enqueue(typed("adm", "adm.a", json!({"scheduled_at": "+PT1H"})))
+        .await;
+    assert_eq!(
+        listed(&app, "queue=adm&state=scheduled").await,
+        vec![later.clone()]
+    );
+    let r = app.delete(&format!("/ojs/v1/jobs/{later}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(listed(&app, "queue=adm&state=scheduled").await.is_empty());
+    eventually(
+        Duration::from_secs(5),
+        "the cancelled job listed",
+        || async {
+            (listed(&app, "queue=adm&state=cancelled").await == vec![later.clone()]).then_some(())
+        },
+    )
+    .await;
+    let dead = dead_letter_a_job(&app, "adm-dlq").await;
+    assert_eq!(listed(&app, "state=discarded").await, vec![dead.clone()]);
+    let r = app.get("/ojs/v1/admin/dead-letter?queue=adm-dlq").await;
+    assert_eq!(ids(&r.body), vec![dead.clone()]);
+
+    // Without a state, the listing goes through every state.
+    let everything: HashSet<String> = all_pages(&app, "queue=adm").await.into_iter().collect();
+    assert_eq!(everything.len(), 31, "30 enqueued and the scheduled one");
+
+    // Bad queries are refused before anything is read.
+    for (query, field) in [
+        ("state=done", "state"),
+        ("per_page=0", "per_page"),
+        ("per_page=101", "per_page"),
+        ("order=up", "order"),
+        ("cursor=nonsense", "cursor"),
+        ("state=active&cursor=completed:3", "cursor"),
+        ("type=adm.*", "type"),
+        ("queue=Bad%20Queue", "queue"),
+    ] {
+        let r = app.get(&format!("/ojs/v1/admin/jobs?{query}")).await;
+        r.assert_error(400, "invalid_request");
+        assert_eq!(
+            r.body["error"]["details"]["field"], field,
+            "{query}: {}",
+            r.body
+        );
+    }
+
+    // The whole envelope of one job.
+    let r = app.get(&format!("/ojs/v1/admin/jobs/{}", waiting[1])).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.body["id"].as_str(), r.body["type"].as_str()),
+        (Some(waiting[1].as_str()), Some("adm.b"))
+    );
+    assert!(r.body["args"].is_array());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn stats_queues_and_workers_read_the_counters_and_the_registry() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    for _ in 0..3 {
+        app.enqueue(typed("adm-stats", "s.t", json!({}))).await;
+    }
+    let held = app.fetch(&["adm-stats"], "worker-1").await;
+    assert_eq!(held.len(), 1);
+    let beat = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "worker-1", "active_jobs": [held[0]["id"]], "hostname": "host-a"}),
+        )
+        .await;
+    assert_eq!(beat.status, 200, "{}", beat.body);
+
+    let stats = app.get("/ojs/v1/admin/stats").await;
+    assert_eq!(stats.status, 200, "{}", stats.body);
+    assert_eq!(stats.body["jobs"]["available"], 2);
+    assert_eq!(stats.body["jobs"]["active"], 1);
+    assert_eq!(stats.body["workers"], 1);
+    assert!(stats.body["queues"].as_u64().unwrap() >= 1);
+    assert!(stats.body["uptime_seconds"].is_u64());
+
+    let queues = app.get("/ojs/v1/admin/queues").await;
+    let q = queues.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "adm-stats")
+        .unwrap_or_else(|| panic!("adm-stats not in {}", queues.body));
+    assert_eq!(
+        (q["state"].as_str(), q["counts"]["available"].as_u64()),
+        (Some("active"), Some(2))
+    );
+
+    let r = app
+        .post("/ojs/v1/admin/queues/adm-stats/pause", json!({}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["paused"].as_bool()),
+        (200, Some(true))
+    );
+    let detail = app.get("/ojs/v1/admin/queues/adm-stats").await;
+    assert_eq!(detail.body["state"], "paused", "{}", detail.body);
+    assert!(detail.body["paused_at"].is_string());
+    assert_eq!(detail.body["counts"]["active"], 1);
+    assert_eq!(detail.body["dead_letter"], 0);
+    app.get("/ojs/v1/admin/queues/nope-never")
+        .await
+        .assert_error(404, "not_found");
+
+    let workers = app.get("/ojs/v1/admin/workers").await;
+    assert_eq!(workers.body["summary"]["total"], 1, "{}", workers.body);
+    let w = &workers.body["items"][0];
+    assert_eq!(
+        (
+            w["id"].as_str(),
+            w["state"].as_str(),
+            w["active_jobs"].as_u64()
+        ),
+        (Some("worker-1"), Some("running"), Some(1))
+    );
+    // A worker still heartbeating is not deregistered; an unknown one is not found.
+    app.delete("/ojs/v1/admin/workers/worker-1")
+        .await
+        .assert_error(409, "conflict");
+    app.delete("/ojs/v1/admin/workers/nobody")
+        .await
+        .assert_error(404, "not_found");
+    let r = app
+        .post("/ojs/v1/admin/workers/worker-1/quiet", json!({}))
+        .await;
+    assert_eq!(r.status, 200);
+    let workers = app.get("/ojs/v1/admin/workers").await;
+    assert_eq!(workers.body["summary"]["quiet"], 1, "{}", workers.body);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bulk_operations_by_filter_need_confirmation_and_report_each_failure() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut dead = Vec::new();
+    for _ in 0..3 {
+        dead.push(dead_letter_a_job(&app, "adm-bulk").await);
+    }
+    let filter = json!({"queue": "adm-bulk", "state": "discarded"});
+    app.post("/ojs/v1/admin/jobs/bulk/retry", json!({"filter": filter}))
+        .await
+        .assert_error(400, "invalid_request");
+    let r = app
+        .post(
+            "/ojs/v1/admin/jobs/bulk/retry",
+            json!({"filter": filter, "confirm": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.body["action"].as_str(),
+            r.body["matched"].as_u64(),
+            r.body["succeeded"].as_u64()
+        ),
+        (Some("retry"), Some(3), Some(3))
+    );
+    for id in &dead {
+        assert_eq!(app.job(id).await["state"], "available");
+    }
+    assert!(listed(&app, "state=discarded&queue=adm-bulk")
+        .await
+        .is_empty());
+
+    // By ids: a job that cannot be cancelled is a failure with its reason.
+    let done = {
+        let id = app.enqueue(typed("adm-bulk2", "b.t", json!({}))).await;
+        app.fetch(&["adm-bulk2"], "w").await;
+        app.ack(json!({"job_id": id, "worker_id": "w"})).await;
+        id
+    };
+    let waiting = app.enqueue(typed("adm-bulk2", "b.t", json!({}))).await;
+    let r = app
+        .post(
+            "/ojs/v1/admin/jobs/bulk/cancel",
+            json!({"job_ids": [waiting, done], "confirm": true}),
+        )
+        .await;
+    assert_eq!(
+        (r.body["succeeded"].as_u64(), r.body["failed"].as_u64()),
+        (Some(1), Some(1)),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["errors"][0]["job_id"], done.as_str());
+
+    // Purge the queue's finished jobs: confirmation, finished states only.
+    eventually(
+        Duration::from_secs(5),
+        "both finished jobs listed",
+        || async {
+            (listed(&app, "queue=adm-bulk2&state=completed").await.len() == 1
+                && listed(&app, "queue=adm-bulk2&state=cancelled").await.len() == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    app.delete_json(
+        "/ojs/v1/admin/queues/adm-bulk2/jobs",
+        json!({"states": ["completed"]}),
+    )
+    .await
+    .assert_error(400, "invalid_request");
+    app.delete_json(
+        "/ojs/v1/admin/queues/adm-bulk2/jobs",
+        json!({"states": ["available"], "confirm": true}),
+    )
+    .await
+    .assert_error(400, "invalid_request");
+    let r = app
+        .delete_json(
+            "/ojs/v1/admin/queues/adm-bulk2/jobs",
+            json!({"states": ["completed", "cancelled"], "confirm": true}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["purged_count"].as_u64()),
+        (200, Some(2)),
+        "{}",
+        r.body
+    );
+    app.get(&format!("/ojs/v1/jobs/{done}"))
+        .await
+        .assert_error(404, "not_found");
+    app.get(&format!("/ojs/v1/jobs/{waiting}"))
+        .await
+        .assert_error(404, "not_found");
+
+    // The dead letter queue purged by age: nothing is older than an hour ago.
+    let again = dead_letter_a_job(&app, "adm-bulk3").await;
+    let r = app
+        .delete_json(
+            "/ojs/v1/admin/dead-letter",
+            json!({"confirm": true, "older_than": "2000-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(r.body["purged_count"], 0, "{}", r.body);
+    let r = app
+        .delete_json(
+            "/ojs/v1/admin/dead-letter",
+            json!({"confirm": true, "queue": "adm-bulk3"}),
+        )
+        .await;
+    assert_eq!(r.body["purged_count"], 1, "{}", r.body);
+    app.get(&format!("/ojs/v1/jobs/{again}"))
+        .await
+        .assert_error(404, "not_found");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_to_anyone_and_its_api_calls_need_the_admin_key() {
+    let nats = NatsServer::start();
+    let mut cfg = test_config(&nats.url);
+    cfg.api_keys = KeyList(vec![DATA_KEY.into()]);
+    cfg.admin_api_keys = KeyList(vec![ADMIN_KEY.into()]);
+    let app = spawn_app_with(cfg).await;
+    let page = reqwest::get(app.url("/ojs/admin/")).await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("script-src 'self'"));
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("app.js") && html.contains("app.css"),
+        "{html}"
+    );
+    for (path, kind) in [
+        ("/ojs/admin/app.js", "text/javascript"),
+        ("/ojs/admin/app.css", "text/css"),
+    ] {
+        let r = reqwest::get(app.url(path)).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with(kind));
+    }
+    app.get("/ojs/v1/admin/stats")
+        .await
+        .assert_error(401, "unauthenticated");
+    app.keyed(DATA_KEY)
+        .get("/ojs/v1/admin/stats")
+        .await
+        .assert_error(403, "permission_denied");
+    assert_eq!(
+        app.keyed(ADMIN_KEY).get("/ojs/v1/admin/stats").await.status,
+        200
+    );
+    app.stop().await;
+}

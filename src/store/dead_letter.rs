@@ -250,6 +250,17 @@ impl Store {
         Ok(self.subject_counts(&subject).await?.2)
     }
 
+    /// Entries in the dead letter queue, of every queue.
+    pub async fn dead_letter_total(&self) -> Result<u64, OjsError> {
+        let info = self
+            .inner
+            .dead_letter
+            .get_info()
+            .await
+            .map_err(backend("reading the dead letter queue"))?;
+        Ok(info.state.messages)
+    }
+
     /// First and last sequence of the dead-letter stream, and the count of one subject in
     /// it.
     async fn subject_counts(&self, subject: &str) -> Result<(u64, u64, u64), OjsError> {

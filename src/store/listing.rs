@@ -245,7 +245,8 @@ impl Store {
         Ok(listed)
     }
 
-    /// The jobs a listing matches, from the queue counters (architecture §3.17).
+    /// The jobs a listing matches: from the queue counters (architecture §3.17), but for
+    /// `discarded` the dead letter queue's own count, as the listing shows its entries.
     async fn listing_total(&self, q: &ListQuery) -> Result<Option<u64>, OjsError> {
         if q.job_type.is_some() {
             return Ok(None);
@@ -261,14 +262,24 @@ impl Store {
                 .into_iter()
                 .map(|c| (queue.clone(), c))
                 .collect(),
-            None => self.all_queue_counts().await?,
+            None => self.current_queue_counts().await?,
         };
-        Ok(Some(
-            counts
-                .iter()
-                .flat_map(|(_, c)| states.iter().map(|s| c.states.of(*s)))
-                .sum(),
-        ))
+        let mut total: u64 = counts
+            .iter()
+            .flat_map(|(_, c)| {
+                states
+                    .iter()
+                    .filter(|s| **s != JobState::Discarded)
+                    .map(|s| c.states.of(*s))
+            })
+            .sum();
+        if states.contains(&JobState::Discarded) {
+            total += match &q.queue {
+                Some(queue) => self.dead_letter_count(queue).await?,
+                None => self.dead_letter_total().await?,
+            };
+        }
+        Ok(Some(total))
     }
 }
 

@@ -139,6 +139,39 @@ impl Store {
         })
     }
 
+    /// Every registered queue's counters, exact for what was written before the call (as
+    /// [`Store::queue_counts`]).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn current_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+        self.wait_counted().await?;
+        self.all_queue_counts().await
+    }
+
+    /// Waits (pauses 1, 2, 4, 8, 16 ms; at most `COUNT_WAIT`) until every job write stored
+    /// now is counted; past that, the counts are read as they are (no leader).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn wait_counted(&self) -> Result<(), OjsError> {
+        let stored = self.last_job_write().await?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let counted = self.counted_through().await?;
+            if counted >= stored {
+                return Ok(());
+            }
+            if started.elapsed() >= COUNT_WAIT {
+                debug!(counted, stored, "queue counts are behind the job writes");
+                return Ok(());
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(16));
+        }
+    }
+
     /// Every registered queue's counters as stored (a queue no job was written to has none).
     ///
     /// # Errors
@@ -195,24 +228,7 @@ impl Store {
     /// # Errors
     /// When NATS fails.
     pub async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>, OjsError> {
-        let stored = self.last_job_write().await?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let counted = self.counted_through().await?;
-            if counted >= stored {
-                break;
-            }
-            if started.elapsed() >= COUNT_WAIT {
-                debug!(
-                    queue,
-                    counted, stored, "queue counts are behind the job writes"
-                );
-                break;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(16));
-        }
+        self.wait_counted().await?;
         let counts = cas::read::<QueueCounts>(
             &self.inner.stats,
             &counts_key(queue),

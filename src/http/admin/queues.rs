@@ -23,7 +23,7 @@ use crate::store::QueueMeta;
 
 /// `GET /admin/queues`: every registered queue, one counter read each (admin spec §6.1).
 pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
-    let counts = state.store.all_queue_counts().await?;
+    let counts = state.store.current_queue_counts().await?;
     let mut queues = state.store.queues();
     queues.sort_by(|a, b| a.name.cmp(&b.name));
     let items: Vec<Value> = queues

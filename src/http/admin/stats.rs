@@ -11,6 +11,8 @@ use crate::domain::state::JobState;
 use crate::http::{respond, ApiError, SharedState};
 
 pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    // Exact for what was written before the request, as a queue's statistics are.
+    state.store.wait_counted().await?;
     let totals = state.store.cluster_totals().await?;
     let now = Utc::now();
     let mut jobs = serde_json::Map::new();

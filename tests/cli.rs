@@ -56,6 +56,8 @@ async fn help_and_version_answer_on_every_command_and_serve_help_starts_nothing(
         vec!["queues", "--help"],
         vec!["queue", "pause", "--help"],
         vec!["jobs", "get", "--help"],
+        vec!["jobs", "list", "--help"],
+        vec!["workers", "--help"],
         vec!["dead-letter", "retry", "--help"],
         vec!["cron", "add", "--help"],
         vec!["events", "tail", "--help"],
@@ -350,4 +352,96 @@ async fn events_tail_prints_each_event_as_it_happens() {
         );
     }
     tail.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn jobs_list_and_retry_and_workers_read_the_admin_api() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let url = app.base.as_str();
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        waiting.push(app.enqueue(common::job_on("cli-list")).await);
+    }
+
+    // Newest first, two a page, the cursor printed for the next page.
+    let first = ojs(&[
+        "--url", url, "jobs", "list", "--queue", "cli-list", "--limit", "2",
+    ])
+    .await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let lines: Vec<&str> = first.stdout.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["ID", "TYPE", "QUEUE", "STATE", "ATTEMPT", "CREATED"]
+    );
+    assert!(
+        lines[1].starts_with(&waiting[2]) && lines[2].starts_with(&waiting[1]),
+        "{}",
+        first.stdout
+    );
+    let cursor = lines[3]
+        .strip_prefix("more: --cursor ")
+        .expect("a cursor line");
+    let second = ojs(&[
+        "--url", url, "--json", "jobs", "list", "--queue", "cli-list", "--limit", "2", "--cursor",
+        cursor,
+    ])
+    .await;
+    let page = second.json();
+    assert_eq!(page["items"][0]["id"], waiting[0].as_str());
+    assert!(page["pagination"]["next_cursor"].is_null(), "{page}");
+    let bad = ojs(&["--url", url, "jobs", "list", "--state", "done"]).await;
+    assert_eq!(bad.code, 1);
+    assert!(bad.stderr.contains("400 invalid_request"), "{}", bad.stderr);
+
+    // A dead-lettered job listed and retried.
+    let dead = dead_letter_a_job(&app, "cli-retry").await;
+    let listed = ojs(&[
+        "--url",
+        url,
+        "--json",
+        "jobs",
+        "list",
+        "--state",
+        "discarded",
+        "--queue",
+        "cli-retry",
+    ])
+    .await;
+    assert_eq!(listed.json()["items"][0]["id"], dead.as_str());
+    assert_eq!(
+        ojs(&["--url", url, "jobs", "retry", &dead]).await.stdout,
+        format!("{dead} available")
+    );
+    let again = ojs(&["--url", url, "jobs", "retry", &dead]).await;
+    assert_eq!(again.code, 1);
+    assert!(again.stderr.contains("409 conflict"), "{}", again.stderr);
+
+    // Workers, once one has heartbeated.
+    let beat = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            serde_json::json!({"worker_id": "cli-worker", "hostname": "box-7"}),
+        )
+        .await;
+    assert_eq!(beat.status, 200, "{}", beat.body);
+    let workers = ojs(&["--url", url, "workers"]).await;
+    let row: Vec<&str> = workers
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[..4],
+        ["cli-worker", "running", "box-7", "0"],
+        "{}",
+        workers.stdout
+    );
+    assert_eq!(
+        ojs(&["--url", url, "--json", "workers"]).await.json()["summary"]["total"],
+        1
+    );
 }

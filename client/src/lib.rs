@@ -388,6 +388,46 @@ impl Client {
         Ok(())
     }
 
+    /// One page of jobs from the admin API (`items`, summaries newest first, and
+    /// `pagination` with `total` and `next_cursor`); pass `next_cursor` back as `cursor`.
+    ///
+    /// # Errors
+    /// 400 for an unknown state or a bad cursor, 401/403 without an admin key, or a
+    /// transport error.
+    pub async fn list_jobs(&self, listing: &JobListing) -> Result<Value, ClientError> {
+        let mut path = format!("/ojs/v1/admin/jobs?per_page={}", listing.per_page);
+        for (key, value) in [
+            ("queue", &listing.queue),
+            ("state", &listing.state),
+            ("type", &listing.job_type),
+            ("cursor", &listing.cursor),
+        ] {
+            if let Some(v) = value {
+                path.push_str(&format!("&{key}={}", segment(v)));
+            }
+        }
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
+    /// Retries a discarded or retryable job now (admin API); gives the job.
+    ///
+    /// # Errors
+    /// 404 unknown job, 409 for a job in another state, or a transport error.
+    pub async fn retry_job(&self, id: &str) -> Result<Value, ClientError> {
+        let path = format!("/ojs/v1/admin/jobs/{}/retry", segment(id));
+        Ok(self.call(reqwest::Method::POST, &path, None).await?["job"].clone())
+    }
+
+    /// The workers the server knows (admin API): `items` (`id`, `state`, `hostname`,
+    /// `active_jobs`, `last_heartbeat_at`, …) and a `summary` by state.
+    ///
+    /// # Errors
+    /// The server's error or a transport error.
+    pub async fn workers(&self) -> Result<Value, ClientError> {
+        self.call(reqwest::Method::GET, "/ojs/v1/admin/workers", None)
+            .await
+    }
+
     /// One page of the queues (`name`, `status`, `paused`, `created_at` each) and its
     /// `pagination`.
     ///
@@ -498,6 +538,30 @@ impl Client {
                 req.header(reqwest::header::AUTHORIZATION, authorization.clone())
             }
             None => req,
+        }
+    }
+}
+
+/// Which jobs [`Client::list_jobs`] shows: every filter optional.
+#[derive(Debug, Clone)]
+pub struct JobListing {
+    pub queue: Option<String>,
+    pub state: Option<String>,
+    pub job_type: Option<String>,
+    /// Jobs a page, 1 to 100.
+    pub per_page: usize,
+    /// The `next_cursor` of the page before.
+    pub cursor: Option<String>,
+}
+
+impl Default for JobListing {
+    fn default() -> Self {
+        JobListing {
+            queue: None,
+            state: None,
+            job_type: None,
+            per_page: 20,
+            cursor: None,
         }
     }
 }

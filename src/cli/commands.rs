@@ -6,7 +6,7 @@ use super::table::{cell, render};
 use super::{
     Cli, Command, CronAction, DeadLetterAction, EventsAction, Failure, JobsAction, QueueAction,
 };
-use ojs_client::{Client, JobSpec};
+use ojs_client::{Client, JobListing, JobSpec};
 
 /// Runs a client command (anything but `serve`).
 ///
@@ -27,6 +27,7 @@ pub async fn run(cli: &Cli, command: &Command) -> Result<(), Failure> {
         Command::Queues => queues(&client, json).await,
         Command::Queue { action } => queue(&client, json, action).await,
         Command::Jobs { action } => jobs(&client, json, action).await,
+        Command::Workers => workers(&client, json).await,
         Command::DeadLetter { action } => dead_letter(&client, json, action).await,
         Command::Cron { action } => cron(&client, json, action).await,
         Command::Enqueue {
@@ -207,7 +208,79 @@ async fn jobs(client: &Client, json: bool, action: &JobsAction) -> Result<(), Fa
                 format!("{} {}", cell(&j["id"]), cell(&j["state"]))
             });
         }
+        JobsAction::Retry { id } => {
+            let job = client.retry_job(id).await?;
+            print(json, &job, |j| {
+                format!("{} {}", cell(&j["id"]), cell(&j["state"]))
+            });
+        }
+        JobsAction::List {
+            queue,
+            state,
+            job_type,
+            limit,
+            cursor,
+        } => {
+            let page = client
+                .list_jobs(&JobListing {
+                    queue: queue.clone(),
+                    state: state.clone(),
+                    job_type: job_type.clone(),
+                    per_page: *limit,
+                    cursor: cursor.clone(),
+                })
+                .await?;
+            print(json, &page, |p| {
+                let rows: Vec<Vec<String>> = p["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|j| {
+                        ["id", "type", "queue", "state", "attempt", "created_at"]
+                            .iter()
+                            .map(|f| cell(&j[*f]))
+                            .collect()
+                    })
+                    .collect();
+                let mut out = render(
+                    &["ID", "TYPE", "QUEUE", "STATE", "ATTEMPT", "CREATED"],
+                    &rows,
+                );
+                if let Some(next) = p["pagination"]["next_cursor"].as_str() {
+                    out.push_str(&format!("\nmore: --cursor {next}"));
+                }
+                out
+            });
+        }
     }
+    Ok(())
+}
+
+async fn workers(client: &Client, json: bool) -> Result<(), Failure> {
+    let all = client.workers().await?;
+    print(json, &all, |w| {
+        let rows: Vec<Vec<String>> = w["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| {
+                [
+                    "id",
+                    "state",
+                    "hostname",
+                    "active_jobs",
+                    "last_heartbeat_at",
+                ]
+                .iter()
+                .map(|f| cell(&i[*f]))
+                .collect()
+            })
+            .collect();
+        render(
+            &["WORKER", "STATE", "HOSTNAME", "ACTIVE", "LAST HEARTBEAT"],
+            &rows,
+        )
+    });
     Ok(())
 }
 

@@ -51,11 +51,13 @@ pub enum Command {
         #[command(subcommand)]
         action: QueueAction,
     },
-    /// Inspect or cancel jobs
+    /// List, inspect, cancel or retry jobs
     Jobs {
         #[command(subcommand)]
         action: JobsAction,
     },
+    /// The workers the server knows, with their state and last heartbeat
+    Workers,
     /// Browse, retry or delete dead-lettered jobs
     DeadLetter {
         #[command(subcommand)]
@@ -104,10 +106,28 @@ pub enum QueueAction {
 
 #[derive(Debug, Subcommand)]
 pub enum JobsAction {
+    /// List jobs newest first, by queue, state and type (the admin API)
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        /// scheduled, available, pending, active, retryable, completed, cancelled, discarded
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long = "type")]
+        job_type: Option<String>,
+        /// Jobs a page, 1 to 100
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Where to continue: the cursor a previous page printed
+        #[arg(long)]
+        cursor: Option<String>,
+    },
     /// Show one job
     Get { id: String },
     /// Cancel a job that has not finished
     Cancel { id: String },
+    /// Run a discarded or retryable job again now
+    Retry { id: String },
 }
 
 #[derive(Debug, Subcommand)]

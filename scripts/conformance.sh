@@ -53,14 +53,15 @@ fi
 echo "conformance: nats-server $nats_bin ($("$nats_bin" --version 2>&1 | head -n 1))" >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ojs-conformance.XXXXXX")"
-nats_pid=""
-gateway_pid=""
+# Set by start_nats and start_gateway (scripts/lib.sh).
+NATS_PID=""
+GATEWAY_PID=""
 
 # shellcheck disable=SC2317  # called from a trap
 cleanup() {
     # Gateway first, so it never sees its NATS server disappear under it.
-    stop_process "$gateway_pid"
-    stop_process "$nats_pid"
+    stop_process "$GATEWAY_PID"
+    stop_process "$NATS_PID"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -88,28 +89,9 @@ if [[ -n "${OJS_CONFORMANCE_SKIP:-}" ]]; then
     suite_args=("${filtered[@]}")
 fi
 
-nats_port="$(free_port)"
-mkdir -p "$work/nats"
-"$nats_bin" -js -sd "$work/nats" -a 127.0.0.1 -p "$nats_port" >"$work/nats.log" 2>&1 &
-nats_pid=$!
-
-wait_until nats-server "$nats_pid" "$work/nats.log" 30 port_open 127.0.0.1 "$nats_port"
-
-gateway_port="$(free_port)"
-base="http://127.0.0.1:$gateway_port"
-# OJS_CONFIG names a file that does not exist, so only defaults and these variables apply.
-# OJS_SHARED_DIR is dropped: every OJS_* variable is read as a gateway setting.
-env -u OJS_SHARED_DIR \
-    OJS_CONFIG="$work/no-config.toml" \
-    OJS_NATS_URL="nats://127.0.0.1:$nats_port" \
-    OJS_LISTEN="127.0.0.1:$gateway_port" \
-    OJS_ALLOW_RESET=true \
-    OJS_NAMESPACE=ojs \
-    "$gateway_bin" serve >"$work/gateway.log" 2>&1 &
-gateway_pid=$!
-
-echo "conformance: waiting for $base/ojs/v1/health" >&2
-wait_until gateway "$gateway_pid" "$work/gateway.log" 60 http_ok "$base/ojs/v1/health"
+start_nats "$nats_bin" "$work"
+start_gateway conformance "$gateway_bin" "$work" "$NATS_PORT" OJS_ALLOW_RESET=true
+base="$GATEWAY_URL"
 
 status=0
 python3 "$runner" --url "$base" "${suite_args[@]}" --reset-url "$base/ojs/v1/admin/reset" || status=$?

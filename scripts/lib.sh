@@ -1,5 +1,5 @@
 # Helpers shared by the scripts that start a nats-server and a gateway (serve.sh,
-# bench.sh, conformance.sh). Sourced, not run: `source "$repo/scripts/lib.sh"`.
+# bench.sh, conformance.sh, browser-test.sh). Sourced, not run: `source "$repo/scripts/lib.sh"`.
 # Bash only (its /dev/tcp), so they need neither curl nor nc.
 
 # True when something accepts TCP connections on HOST PORT.
@@ -68,4 +68,40 @@ stop_process() {
         kill -KILL "$pid" 2>/dev/null || true
     fi
     wait "$pid" 2>/dev/null || true
+}
+
+# start_nats BIN DIR: starts nats-server BIN with JetStream on a free loopback port, its
+# store in DIR/nats and its log in DIR/nats.log, and waits up to 30 s until it accepts
+# connections. Sets NATS_PID (as soon as it runs, for the caller's cleanup) and NATS_PORT.
+start_nats() {
+    local bin="$1" dir="$2"
+    NATS_PORT="$(free_port)"
+    mkdir -p "$dir/nats"
+    "$bin" -js -sd "$dir/nats" -a 127.0.0.1 -p "$NATS_PORT" >"$dir/nats.log" 2>&1 &
+    NATS_PID=$!
+    wait_until nats-server "$NATS_PID" "$dir/nats.log" 30 port_open 127.0.0.1 "$NATS_PORT"
+}
+
+# start_gateway NAME BIN DIR NATS_PORT [VAR=VALUE...]: starts `BIN serve` on a free loopback
+# port against the nats-server on NATS_PORT, namespace ojs, with the built-in defaults and
+# the given OJS_* settings only (OJS_CONFIG names a file that does not exist; OJS_SHARED_DIR
+# is dropped, as every OJS_* variable is read as a setting), its log in DIR/gateway.log, and
+# waits up to 60 s for its health endpoint (NAME prefixes the message). Sets GATEWAY_PID (as
+# soon as it runs) and GATEWAY_URL.
+start_gateway() {
+    local name="$1" bin="$2" dir="$3" nats_port="$4"
+    shift 4
+    local port
+    port="$(free_port)"
+    GATEWAY_URL="http://127.0.0.1:$port"
+    env -u OJS_SHARED_DIR \
+        OJS_CONFIG="$dir/no-config.toml" \
+        OJS_NATS_URL="nats://127.0.0.1:$nats_port" \
+        OJS_LISTEN="127.0.0.1:$port" \
+        OJS_NAMESPACE=ojs \
+        "$@" \
+        "$bin" serve >"$dir/gateway.log" 2>&1 &
+    GATEWAY_PID=$!
+    echo "$name: waiting for $GATEWAY_URL/ojs/v1/health" >&2
+    wait_until gateway "$GATEWAY_PID" "$dir/gateway.log" 60 http_ok "$GATEWAY_URL/ojs/v1/health"
 }

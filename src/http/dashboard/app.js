@@ -23,6 +23,14 @@ const enc = encodeURIComponent;
 // ---------------------------------------------------------------------------------------
 // DOM helpers
 
+// Replaces an element's content: nodes, and anything else as text; nested arrays are
+// flattened, null and false left out, so that optional parts can be written inline.
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c != null && c !== false)
+    .map((c) => (c instanceof Node ? c : String(c))));
+}
+
+// An element with attributes (`on…` for listeners; null and false leave one out) and content.
 function h(tag, props, ...children) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(props || {})) {
@@ -31,19 +39,11 @@ function h(tag, props, ...children) {
     else if (key === 'class') el.className = value;
     else el.setAttribute(key, value === true ? '' : String(value));
   }
-  for (const child of children.flat(Infinity)) {
-    if (child != null && child !== false) el.append(child instanceof Node ? child : String(child));
-  }
+  fill(el, children);
   return el;
 }
 
 const $ = (selector) => document.querySelector(selector);
-
-// Replaces an element's content, with h()'s leniency: nested arrays, and nothing for null.
-function fill(el, ...children) {
-  el.replaceChildren(...children.flat(Infinity).filter((c) => c != null && c !== false)
-    .map((c) => (c instanceof Node ? c : String(c))));
-}
 const num = (n) => (typeof n === 'number' ? numbers.format(n) : '—');
 const json = (value) => h('pre', { class: 'json' }, JSON.stringify(value, null, 2));
 
@@ -71,7 +71,7 @@ function ago(iso) {
   return seconds >= 0 ? `${span(seconds)} ago` : `in ${span(seconds)}`;
 }
 
-// A relative time that the ticker below keeps current without asking the server.
+// A relative time that init()'s ticker keeps current without asking the server.
 function relative(iso) {
   if (!iso) return '—';
   return h('time', { datetime: iso, title: iso, 'data-ago': iso }, ago(iso));
@@ -270,8 +270,9 @@ function follow(path, { onEvent, onStatus = () => {}, until = () => false }) {
         const res = await fetch(new URL(path, API), { headers, signal: ctrl.signal, cache: 'no-store' });
         if (!res.ok) {
           const err = await errorOf(res, 'The event stream');
-          if (res.status === 401 || res.status === 403) {
-            if (res.status === 403) notify(err.message);
+          // Asking again cannot help a refused request; an unknown job's page says so itself.
+          if (res.status < 500 && res.status !== 429) {
+            if (res.status !== 401 && res.status !== 404) notify(err.message);
             onStatus('offline');
             return;
           }
@@ -286,7 +287,7 @@ function follow(path, { onEvent, onStatus = () => {}, until = () => false }) {
           }
         }, (id) => { lastId = id; }, (ms) => { retry = ms; });
         if (until()) return;
-      } catch (e) {
+      } catch {
         if (ctrl.signal.aborted) return;
       }
       onStatus('reconnecting');
@@ -299,7 +300,7 @@ function follow(path, { onEvent, onStatus = () => {}, until = () => false }) {
 function setLive(state) {
   const el = $('[data-testid=live-status]');
   el.dataset.state = state;
-  el.textContent = state === 'offline' ? 'offline' : state;
+  el.textContent = state;
 }
 
 let liveStream = null;

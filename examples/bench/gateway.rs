@@ -337,30 +337,28 @@ impl Gateway {
         .await;
     }
 
-    /// `reads` GETs of a queue's statistics, one after another: each one's latency (µs),
-    /// and the `available` count the last one read.
-    pub async fn read_stats(&self, queue: &str, reads: usize) -> Result<(Vec<u64>, u64), String> {
-        let path = format!("/ojs/v1/queues/{queue}/stats");
+    /// `reads` GETs of `path` one after another: each one's latency in µs, and the last
+    /// answer's body.
+    pub async fn time_reads(&self, path: &str, reads: usize) -> Result<(Vec<u64>, Value), String> {
         let mut latencies = Vec::with_capacity(reads);
-        let mut available = 0;
+        let mut last = Value::Null;
         for _ in 0..reads {
             let started = Instant::now();
-            let (status, body) = match self.send(Method::GET, &path, Bytes::new()).await {
+            let (status, body) = match self.send(Method::GET, path, Bytes::new()).await {
                 Ok(answer) => answer,
                 // A pooled connection the gateway closed meanwhile: once more, on a new one.
                 Err(e) => {
-                    eprintln!("bench: stats — a read failed ({e}); again");
-                    self.send(Method::GET, &path, Bytes::new()).await?
+                    eprintln!("bench: a read of {path} failed ({e}); again");
+                    self.send(Method::GET, path, Bytes::new()).await?
                 }
             };
             latencies.push(started.elapsed().as_micros() as u64);
             if !status.is_success() {
                 return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
             }
-            let read: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-            available = read["queue"]["available"].as_u64().unwrap_or_default();
+            last = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
         }
-        Ok((latencies, available))
+        Ok((latencies, last))
     }
 
     /// Batch PUSH of `jobs` jobs scheduled evenly from `TIMER_LEAD` to `TIMER_LEAD` +

@@ -25,8 +25,9 @@
 //! step's ACK answered → the next step handed out), `workflow-fan-in` the time from a
 //! batch's last member ACK to its callback handed out. `rate-limit` drains ten seconds'
 //! worth of jobs of a queue limited to `--rate-limit` starts a second (its jobs/s against
-//! the limit); `stats` stores `--stats-jobs` jobs and times 1000 reads of the queue's
-//! statistics.
+//! the limit); `stats` stores `--stats-jobs` jobs and times 1000 reads each of the queue's
+//! statistics, the admin listing's first page (newest and oldest first) and the aggregate
+//! admin statistics.
 
 mod drivers;
 #[path = "../common/flags.rs"]

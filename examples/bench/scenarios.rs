@@ -529,7 +529,8 @@ impl Bench {
     }
 
     /// `stats`: `stats_jobs` (1,000,000 by default) jobs queued in batches of 1000, then
-    /// 1000 reads of the queue's statistics one after another: their latency.
+    /// 1000 reads one after another of each: the queue's statistics, the admin listing's
+    /// first page newest first and oldest first, and the aggregate statistics.
     pub async fn stats(&mut self) {
         let Side::Gateway(gw, _) = &self.gateway else {
             unreachable!("the gateway side talks HTTP")
@@ -558,26 +559,48 @@ impl Bench {
         self.settle(false, &mut stored).await;
         progress(&stored);
         self.outcomes.push(stored);
-        let meter = self.meter();
-        let started = Instant::now();
-        let reads = gw.read_stats(&queue, 1000).await;
-        let mut outcome = Outcome {
-            name: "stats-read".into(),
-            seconds: started.elapsed().as_secs_f64(),
-            errors: u64::from(reads.is_err()),
-            ..Default::default()
-        };
-        match reads {
-            Ok((latencies, available)) => {
-                eprintln!("bench: stats — the queue reads {available} available jobs");
-                outcome.jobs = latencies.len();
-                outcome.latencies = latencies;
+        let reads = [
+            ("stats-read", format!("/ojs/v1/queues/{queue}/stats")),
+            (
+                "admin-page-newest",
+                format!("/ojs/v1/admin/jobs?queue={queue}&state=available&per_page=20"),
+            ),
+            (
+                "admin-page-oldest",
+                format!("/ojs/v1/admin/jobs?queue={queue}&state=available&per_page=20&order=asc"),
+            ),
+            ("admin-stats", "/ojs/v1/admin/stats".to_owned()),
+        ];
+        for (name, path) in reads {
+            let meter = self.meter();
+            let started = Instant::now();
+            let timed = gw.time_reads(&path, 1000).await;
+            let mut outcome = Outcome {
+                name: name.into(),
+                seconds: started.elapsed().as_secs_f64(),
+                errors: u64::from(timed.is_err()),
+                ..Default::default()
+            };
+            match timed {
+                Ok((latencies, last)) => {
+                    let shown = match name {
+                        "stats-read" => last["queue"]["available"].clone(),
+                        "admin-stats" => last["jobs"]["available"].clone(),
+                        _ => json!([
+                            last["items"].as_array().map_or(0, Vec::len),
+                            last["pagination"]["total"]
+                        ]),
+                    };
+                    eprintln!("bench: {name} — the last answer: {shown}");
+                    outcome.jobs = latencies.len();
+                    outcome.latencies = latencies;
+                }
+                Err(e) => eprintln!("bench: {name} — a read failed: {e}"),
             }
-            Err(e) => eprintln!("bench: stats — a read failed: {e}"),
+            outcome.cpu = meter.finish();
+            progress(&outcome);
+            self.outcomes.push(outcome);
         }
-        outcome.cpu = meter.finish();
-        progress(&outcome);
-        self.outcomes.push(outcome);
     }
 
     /// Waits (up to 30 s) until the leader has been handed every stored timer; false if it

@@ -432,3 +432,69 @@ async fn the_dashboard_is_served_to_anyone_and_its_api_calls_need_the_admin_key(
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_queue_configured_through_the_admin_api_limits_every_replica() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    for _ in 0..3 {
+        a.enqueue(typed("adm-config", "c.t", json!({}))).await;
+    }
+    let r = a
+        .put(
+            "/ojs/v1/admin/queues/adm-config/config",
+            json!({"concurrency": 1, "rate_limit": {"limit": 100, "period": "PT1M"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["configuration"]["concurrency"], 1);
+    assert_eq!(
+        r.body["configuration"]["rate_limit"],
+        json!({"limit": 100, "window_ms": 60000})
+    );
+    // One job active at once across both replicas.
+    assert_eq!(a.fetch(&["adm-config"], "w-a").await.len(), 1);
+    eventually(
+        Duration::from_secs(5),
+        "the other replica to follow the limit",
+        || async {
+            let detail = b.get("/ojs/v1/admin/queues/adm-config").await;
+            (detail.body["configuration"]["concurrency"] == 1).then_some(())
+        },
+    )
+    .await;
+    let r = b
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["adm-config"], "worker_id": "w-b", "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(
+        r.body["jobs"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        r.body
+    );
+
+    a.put(
+        "/ojs/v1/admin/queues/never-seen/config",
+        json!({"concurrency": 2}),
+    )
+    .await
+    .assert_error(404, "not_found");
+    a.put(
+        "/ojs/v1/admin/queues/adm-config/config",
+        json!({"backpressure": {"max_depth": 10}}),
+    )
+    .await
+    .assert_error(422, "unsupported");
+    a.put(
+        "/ojs/v1/admin/queues/adm-config/config",
+        json!({"colour": "blue"}),
+    )
+    .await
+    .assert_error(400, "invalid_request");
+    a.stop().await;
+    b.stop().await;
+}

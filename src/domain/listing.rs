@@ -260,10 +260,19 @@ impl ListQuery {
     }
 }
 
-/// Sequences one round of a walk reads at once: enough that a page is usually one round.
-pub fn window(per_page: usize) -> u64 {
-    (2 * per_page as u64 + 2).max(32)
+/// Sequences the next round of a walk reads at once: what the page still needs (and one
+/// more, to know whether a next page exists) in the first round, twice the last round's
+/// after it (entries skipped mean more are likely), at most `MAX_WINDOW`.
+pub fn window(still_needed: usize, last_round: u64) -> u64 {
+    if last_round == 0 {
+        still_needed as u64 + 1
+    } else {
+        (last_round * 2).min(MAX_WINDOW)
+    }
 }
+
+/// Reads one round of a walk sends at once, at most.
+const MAX_WINDOW: u64 = 256;
 
 /// The next `window` sequences of a walk over `first..=last` from `next` (inclusive), in
 /// `order`; empty when the walk is past either end.
@@ -408,8 +417,9 @@ mod tests {
         // An empty stream reports first 0 (or first past last).
         assert!(next_window(0, 0, 0, 3, Order::Desc).is_empty());
         assert!(next_window(11, 10, 10, 3, Order::Desc).is_empty());
-        assert_eq!(window(20), 42);
-        assert_eq!(window(1), 32);
+        assert_eq!(window(20, 0), 21);
+        assert_eq!(window(3, 21), 42);
+        assert_eq!(window(3, 200), 256);
     }
 
     #[test]

@@ -234,11 +234,134 @@ fn window(o: &Map<String, Value>, field: &str) -> Result<RateLimit, OjsError> {
     })
 }
 
+/// `PUT /admin/queues/{name}/config` (admin spec §6.6): the limits to make the queue's,
+/// given as the spec shows them (`concurrency`, `rate_limit: {limit, period}`) or with a
+/// job's `rate_limit` shape under `rate_limit`. A limit not named stays as it is.
+///
+/// # Errors
+/// 400 for an unknown field, nothing to change, or a malformed limit; 422 `unsupported`
+/// for `backpressure` (bounded queues) and `retention` (server-wide here).
+pub fn queue_config(body: &Map<String, Value>, queue: &str) -> Result<Limits, OjsError> {
+    let unsupported = |field: &str, why: &str| {
+        OjsError::new(ErrorCode::Unsupported, format!("{field}: {why}")).with_detail("field", field)
+    };
+    let mut limit = Map::new();
+    for (key, value) in body {
+        match (key.as_str(), value) {
+            (_, Value::Null) => {}
+            ("concurrency", v) => {
+                limit.insert("concurrency".into(), v.clone());
+            }
+            ("rate_limit", Value::Object(r)) if r.contains_key("limit") => {
+                limit.insert("rate".into(), Value::Object(r.clone()));
+            }
+            ("rate_limit", Value::Object(r)) => limit.extend(r.clone()),
+            ("rate_limit", _) => {
+                return Err(OjsError::invalid(
+                    "rate_limit",
+                    "rate_limit must be an object.",
+                ))
+            }
+            ("backpressure", _) => {
+                return Err(unsupported(
+                    "backpressure",
+                    "bounded queues are not supported by this server yet.",
+                ))
+            }
+            ("retention", _) => {
+                return Err(unsupported(
+                    "retention",
+                    "retention is the server's finished_jobs_max_age_ms, for every queue.",
+                ))
+            }
+            (other, _) => {
+                return Err(OjsError::invalid(
+                    other,
+                    format!("{other} is not a queue setting: give concurrency or rate_limit."),
+                ))
+            }
+        }
+    }
+    if limit.is_empty() {
+        return Err(OjsError::invalid(
+            "rate_limit",
+            "Name a setting to change: concurrency or rate_limit.",
+        ));
+    }
+    Limits::parse(&Value::Object(limit), queue)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn queue_config_takes_the_specs_shape_and_a_jobs_and_refuses_what_is_not_a_limit() {
+        let config = |v: Value| queue_config(v.as_object().unwrap(), "q");
+        let spec = config(
+            serde_json::json!({"concurrency": 3, "rate_limit": {"limit": 10, "period": "PT1M"}}),
+        )
+        .unwrap();
+        assert_eq!(spec.concurrency, Some(3));
+        assert_eq!(
+            spec.rate,
+            Some(RateLimit {
+                limit: 10,
+                window_ms: 60_000
+            })
+        );
+        let job_shaped = config(serde_json::json!({"rate_limit": {"max_per_second": 5}})).unwrap();
+        assert_eq!(
+            job_shaped.rate,
+            Some(RateLimit {
+                limit: 5,
+                window_ms: 1_000
+            })
+        );
+        assert_eq!(job_shaped.concurrency, None);
+        for (body, code, field) in [
+            (
+                serde_json::json!({}),
+                ErrorCode::InvalidRequest,
+                "rate_limit",
+            ),
+            (
+                serde_json::json!({"workers": 2}),
+                ErrorCode::InvalidRequest,
+                "workers",
+            ),
+            (
+                serde_json::json!({"rate_limit": 3}),
+                ErrorCode::InvalidRequest,
+                "rate_limit",
+            ),
+            (
+                serde_json::json!({"concurrency": 0}),
+                ErrorCode::InvalidRequest,
+                "rate_limit.concurrency",
+            ),
+            (
+                serde_json::json!({"backpressure": {"max_depth": 10}}),
+                ErrorCode::Unsupported,
+                "backpressure",
+            ),
+            (
+                serde_json::json!({"retention": {"completed": "P1D"}}),
+                ErrorCode::Unsupported,
+                "retention",
+            ),
+        ] {
+            let err = config(body.clone()).unwrap_err();
+            assert_eq!(err.code, code, "{body}");
+            assert_eq!(
+                err.details.get("field").and_then(Value::as_str),
+                Some(field),
+                "{body}"
+            );
+        }
+    }
 
     fn parse(v: Value) -> Result<RateLimit, OjsError> {
         Ok(Limits::parse(&v, "q")?.rate.expect("a rate"))

@@ -268,6 +268,12 @@ pub fn router(state: SharedState) -> Router {
             queues::resume,
         )
         .add(
+            M::PUT,
+            "/ojs/v1/admin/queues/{name}/config",
+            "Set a queue's concurrency and rate limits",
+            admin::queues::configure,
+        )
+        .add(
             M::DELETE,
             "/ojs/v1/admin/queues/{name}/jobs",
             "Purge a queue's finished jobs",

@@ -34,8 +34,8 @@ pub struct JobPage {
 /// A stream to walk: one source of one state, of one queue or of all.
 struct Lane {
     stream: Stream,
-    /// Through the stream leader (`STREAM.MSG.GET`): queue and timer streams are not
-    /// created with direct gets allowed.
+    /// Through the stream leader (`STREAM.MSG.GET`): a queue stream created before direct
+    /// gets were allowed on it.
     leader_only: bool,
     /// The queue of a per-queue stream, for the cursor.
     queue: Option<String>,
@@ -67,6 +67,12 @@ impl Store {
     /// # Errors
     /// When NATS fails.
     pub async fn list_jobs(&self, q: &ListQuery) -> Result<JobPage, OjsError> {
+        let ((jobs, next), total) = tokio::try_join!(self.walk(q), self.listing_total(q))?;
+        Ok(JobPage { jobs, next, total })
+    }
+
+    /// The page's jobs and where the next page starts.
+    async fn walk(&self, q: &ListQuery) -> Result<(Vec<Job>, Option<Cursor>), OjsError> {
         let want = q.per_page;
         let mut jobs: Vec<(Job, Cursor)> = Vec::with_capacity(want + 1);
         let mut seen = HashSet::new();
@@ -83,6 +89,7 @@ impl Store {
                     None if q.order == Order::Desc => last,
                     None => first.max(1),
                 };
+                let mut round = 0;
                 loop {
                     if examined >= SCAN_LIMIT {
                         resume = Some(Cursor {
@@ -95,7 +102,8 @@ impl Store {
                         });
                         break 'states;
                     }
-                    let sequences = next_window(first, last, next, window(want), q.order);
+                    round = window(want - jobs.len(), round);
+                    let sequences = next_window(first, last, next, round, q.order);
                     let Some(&end) = sequences.last() else { break };
                     examined += sequences.len() as u64;
                     next = match q.order {
@@ -126,11 +134,7 @@ impl Store {
         } else {
             resume
         };
-        Ok(JobPage {
-            total: self.listing_total(q).await?,
-            jobs: jobs.into_iter().map(|(job, _)| job).collect(),
-            next,
-        })
+        Ok((jobs.into_iter().map(|(job, _)| job).collect(), next))
     }
 
     /// The streams `state` is listed from, in order, those before the cursor's left out.
@@ -168,8 +172,8 @@ impl Store {
                 for name in names {
                     if let Some(stream) = open(t.queue_stream(&name)).await? {
                         lanes.push(Lane {
+                            leader_only: !stream.cached_info().config.allow_direct,
                             stream,
-                            leader_only: true,
                             queue: Some(name),
                             subject_prefix: None,
                         });
@@ -177,8 +181,8 @@ impl Store {
                 }
             }
             Source::Timers => lanes.extend(open(t.timers_stream()).await?.map(|stream| Lane {
+                leader_only: !stream.cached_info().config.allow_direct,
                 stream,
-                leader_only: true,
                 queue: None,
                 subject_prefix: None,
             })),

@@ -51,22 +51,46 @@ impl Store {
                 wanted.insert(&rec.job.queue, Limits::parse(raw, &rec.job.queue)?);
             }
         }
-        let t = &self.inner.topology;
         for (queue, limits) in wanted {
-            let current = self.inner.queues.limits(queue);
-            let rate = limits.rate.filter(|r| current.rate != Some(*r));
-            let concurrency = limits
-                .concurrency
-                .filter(|c| current.concurrency != Some(*c));
-            if let Some(rate) = rate {
-                ensure_stream(&self.inner.js, t.rate_stream_config(queue, rate)).await?;
-            }
-            if let Some(concurrency) = concurrency {
-                ensure_stream(&self.inner.js, t.slot_stream_config(queue, concurrency)).await?;
-            }
-            if rate.is_some() || concurrency.is_some() {
-                self.inner.queues.set_limits(queue, limits, now).await?;
-            }
+            self.apply_limits(queue, limits, now).await?;
+        }
+        Ok(())
+    }
+
+    /// An operator's queue configuration (admin spec §6.6): the limits become the queue's
+    /// as a job's `rate_limit` makes them.
+    ///
+    /// # Errors
+    /// 404 for a queue no job was ever written to; `backend_error` when NATS fails.
+    pub async fn configure_queue(&self, queue: &str, limits: Limits) -> Result<(), OjsError> {
+        if self.inner.queues.lookup(queue).await?.is_none() {
+            return Err(OjsError::not_found("queue", queue));
+        }
+        self.apply_limits(queue, limits, Utc::now()).await
+    }
+
+    /// The token streams of the limits that change first, then the registry entry every
+    /// replica's FETCH follows; a limit already in force costs a map lookup.
+    async fn apply_limits(
+        &self,
+        queue: &str,
+        limits: Limits,
+        now: DateTime<Utc>,
+    ) -> Result<(), OjsError> {
+        let t = &self.inner.topology;
+        let current = self.inner.queues.limits(queue);
+        let rate = limits.rate.filter(|r| current.rate != Some(*r));
+        let concurrency = limits
+            .concurrency
+            .filter(|c| current.concurrency != Some(*c));
+        if let Some(rate) = rate {
+            ensure_stream(&self.inner.js, t.rate_stream_config(queue, rate)).await?;
+        }
+        if let Some(concurrency) = concurrency {
+            ensure_stream(&self.inner.js, t.slot_stream_config(queue, concurrency)).await?;
+        }
+        if rate.is_some() || concurrency.is_some() {
+            self.inner.queues.set_limits(queue, limits, now).await?;
         }
         Ok(())
     }

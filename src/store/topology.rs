@@ -177,6 +177,8 @@ impl Topology {
             storage: self.storage,
             num_replicas: self.replicas,
             duplicate_window: Duration::from_secs(120),
+            // Admin listings read pending timers by sequence (architecture §3.26).
+            allow_direct: true,
             ..Default::default()
         }
     }
@@ -319,6 +321,8 @@ impl Topology {
             storage: self.storage,
             num_replicas: self.replicas,
             duplicate_window: Duration::from_secs(120),
+            // Admin listings read waiting jobs by sequence (architecture §3.26).
+            allow_direct: true,
             ..Default::default()
         }
     }

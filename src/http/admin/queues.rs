@@ -1,6 +1,6 @@
 //! Queues for operators (admin spec §6): every queue with its counts and throughput, one
-//! queue's configuration, and purging its finished jobs. Pause and resume are the data
-//! plane's (`http/queues.rs`) under the admin path.
+//! queue's configuration read and changed, and purging its finished jobs. Pause and resume
+//! are the data plane's (`http/queues.rs`) under the admin path.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,6 +14,7 @@ use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
+use crate::domain::rate_limit::queue_config;
 use crate::domain::state::JobState;
 use crate::domain::stats::QueueCounts;
 use crate::domain::time::format;
@@ -64,6 +65,19 @@ pub async fn get(
         body["paused_at"] = json!(format(at));
     }
     Ok(respond(StatusCode::OK, &body))
+}
+
+/// `PUT /admin/queues/{name}/config` (admin spec §6.6): concurrency and rate limits, in
+/// force on every replica as a job's `rate_limit` makes them; answers the queue's detail.
+pub async fn configure(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let limits = queue_config(&body, &name)?;
+    state.store.configure_queue(&name, limits).await?;
+    get(State(state), Path(name)).await
 }
 
 /// `DELETE /admin/queues/{name}/jobs` with `{states, older_than?, confirm: true}`: removes

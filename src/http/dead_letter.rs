@@ -68,3 +68,23 @@ pub async fn delete(
         &json!({ "deleted": true, "job_id": id }),
     ))
 }
+
+/// `GET /dead-letter/stats` (dead-letter spec §10.1): entries in all and by queue, the
+/// oldest and newest, and the retention in force.
+pub async fn stats(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let stats = state.store.dead_letter_stats().await?;
+    let at = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(crate::domain::time::format);
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "total": stats.total,
+            "by_queue": stats.by_queue,
+            "oldest_at": at(stats.oldest_at),
+            "newest_at": at(stats.newest_at),
+            "retention": {
+                "max_age_ms": stats.max_age.as_millis() as u64,
+                "max_count": stats.max_count,
+            },
+        }),
+    ))
+}

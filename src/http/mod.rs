@@ -14,6 +14,7 @@ mod jobs;
 mod openapi;
 mod progress;
 mod queues;
+mod rate_limits;
 mod stream;
 mod system;
 mod workers;
@@ -344,6 +345,24 @@ pub fn router(state: SharedState) -> Router {
             "/ojs/v1/admin/dead-letter/{id}",
             "Delete a dead-lettered job",
             dead_letter::delete,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/dead-letter/stats",
+            "Dead letter queue statistics",
+            dead_letter::stats,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/rate-limits",
+            "Limited queues and their use",
+            rate_limits::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/rate-limits/{key}",
+            "A queue's limits and their use",
+            rate_limits::get,
         )
         .add(
             M::GET,

@@ -4,6 +4,7 @@
 //! listed newest first by walking the stream backwards — no key listing. Retention is the
 //! stream's own limits, so NATS prunes entries and a job counts only while its entry exists.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use async_nats::jetstream::kv;
@@ -15,6 +16,7 @@ use tracing::warn;
 
 use super::cas::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
 use super::error::{backend, refusal};
+use super::topology::decode_queue;
 use super::Store;
 use chrono::{DateTime, Utc};
 
@@ -36,6 +38,19 @@ pub struct DeadLetterPage {
     pub jobs: Vec<Job>,
     /// Entries in the queue (or in the named queue), from the stream's own counts.
     pub total: u64,
+}
+
+/// The dead letter queue as a whole (dead-letter spec §10.1), from the stream's own state:
+/// no entry is read but the oldest and the newest.
+#[derive(Debug, Clone)]
+pub struct DeadLetterStats {
+    pub total: u64,
+    /// Entries by queue (by their subject), stale ones included.
+    pub by_queue: BTreeMap<String, u64>,
+    pub oldest_at: Option<DateTime<Utc>>,
+    pub newest_at: Option<DateTime<Utc>>,
+    pub max_age: std::time::Duration,
+    pub max_count: i64,
 }
 
 impl Store {
@@ -248,6 +263,52 @@ impl Store {
     pub async fn dead_letter_count(&self, queue: &str) -> Result<u64, OjsError> {
         let subject = self.inner.topology.dead_letter_subject(queue);
         Ok(self.subject_counts(&subject).await?.2)
+    }
+
+    /// Counts by queue and the oldest and newest entries' times: one stream info with
+    /// subject counts (one per queue with entries) and two direct gets.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn dead_letter_stats(&self) -> Result<DeadLetterStats, OjsError> {
+        let t = &self.inner.topology;
+        let doing = "reading the dead letter queue";
+        let mut info = self
+            .inner
+            .dead_letter
+            .info_with_subjects(format!("{}.dlq.*", t.namespace))
+            .await
+            .map_err(backend(doing))?;
+        let state = info.info.state.clone();
+        let mut by_queue = BTreeMap::new();
+        while let Some(subject) = info.next().await {
+            let (subject, n) = subject.map_err(backend(doing))?;
+            if let Some(queue) = subject.rsplit('.').next() {
+                by_queue.insert(decode_queue(queue), n as u64);
+            }
+        }
+        let time_of = |seq: u64| async move {
+            if seq == 0 {
+                return Ok(None);
+            }
+            match self.inner.dead_letter.direct_get(seq).await {
+                Ok(msg) => Ok(Some(DateTime::from_timestamp_nanos(
+                    msg.time.unix_timestamp_nanos() as i64,
+                ))),
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
+                Err(err) => Err(backend(doing)(err)),
+            }
+        };
+        let (oldest_at, newest_at) =
+            tokio::try_join!(time_of(state.first_sequence), time_of(state.last_sequence))?;
+        Ok(DeadLetterStats {
+            total: state.messages,
+            by_queue,
+            oldest_at: oldest_at.filter(|_| state.messages > 0),
+            newest_at: newest_at.filter(|_| state.messages > 0),
+            max_age: t.dead_letter_max_age,
+            max_count: t.dead_letter_max_count,
+        })
     }
 
     /// Entries in the dead letter queue, of every queue.

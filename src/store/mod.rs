@@ -48,7 +48,7 @@ use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 
 pub use cron::TickOutcome;
-pub use dead_letter::DeadLetterPage;
+pub use dead_letter::{DeadLetterPage, DeadLetterStats};
 pub use enqueue::Enqueued;
 pub use error::backend;
 pub use events::{EventFeed, EventPage, EventQuery, FollowFrom, JobWrite, JobWrites};
@@ -60,6 +60,7 @@ pub use pruner::{StoredWrite, WriteBody};
 pub use queue_ops::QueueStats;
 pub use queues::QueueMeta;
 use queues::QueueRegistry;
+pub use rate_limit::LimitUsage;
 pub use records::Settled;
 pub use stats::ClusterTotals;
 pub use timers::{PendingTimer, ReadAhead, Timer, TimerFeed, TimerKind};

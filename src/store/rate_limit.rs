@@ -33,6 +33,18 @@ struct Slot {
     dispatch: u64,
 }
 
+/// A queue's limits and how much of them is in use now.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitUsage {
+    pub limits: Limits,
+    /// Running places taken (of `limits.concurrency`).
+    pub active: u64,
+    /// Starts spent in the current window (of `limits.rate`).
+    pub started: u64,
+    /// When the current window ends, Unix milliseconds.
+    pub window_ends_ms: i64,
+}
+
 impl Store {
     /// PUSH: makes each job's `rate_limit` its queue's before any of its messages exist —
     /// the token streams first, then the registry entry every replica's FETCH follows. A
@@ -93,6 +105,70 @@ impl Store {
             self.inner.queues.set_limits(queue, limits, now).await?;
         }
         Ok(())
+    }
+
+    /// Where a queue's limits stand (rate-limiting spec §10.1): places taken of its
+    /// concurrency limit, starts spent in the current window. `None` for a queue without
+    /// limits. One stream info per limit.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn limit_usage(&self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
+        let limits = self.inner.queues.limits(queue);
+        if limits.rate.is_none() && limits.concurrency.is_none() {
+            return Ok(None);
+        }
+        let t = &self.inner.topology;
+        let doing = "reading a queue's limits";
+        let mut usage = LimitUsage {
+            limits,
+            active: 0,
+            started: 0,
+            window_ends_ms: 0,
+        };
+        if limits.concurrency.is_some() {
+            let stream = self
+                .inner
+                .js
+                .get_stream(t.slot_stream(queue))
+                .await
+                .map_err(backend(doing))?;
+            usage.active = stream.cached_info().state.messages;
+        }
+        if let Some(rate) = limits.rate {
+            let window = rate.window_index(Utc::now().timestamp_millis());
+            let subject = t.rate_subject(queue, window);
+            let stream = self
+                .inner
+                .js
+                .get_stream(t.rate_stream(queue))
+                .await
+                .map_err(backend(doing))?;
+            let mut info = stream
+                .info_with_subjects(&subject)
+                .await
+                .map_err(backend(doing))?;
+            while let Some(counted) = info.next().await {
+                let (name, n) = counted.map_err(backend(doing))?;
+                if name == subject {
+                    usage.started = n as u64;
+                }
+            }
+            usage.window_ends_ms = (window + 1) * rate.window_ms as i64;
+        }
+        Ok(Some(usage))
+    }
+
+    /// Every queue with a limit, as this replica knows them.
+    pub fn limited_queues(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .queues()
+            .into_iter()
+            .filter(|m| m.rate_limit.is_some() || m.concurrency.is_some())
+            .map(|m| m.name)
+            .collect();
+        names.sort();
+        names
     }
 
     /// Every queue with a concurrency limit, as this replica knows them.

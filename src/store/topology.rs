@@ -36,6 +36,11 @@ pub fn encode_queue(queue: &str) -> String {
     queue.replace('.', "_")
 }
 
+/// The queue an encoded name stands for.
+pub fn decode_queue(encoded: &str) -> String {
+    encoded.replace('_', ".")
+}
+
 impl Topology {
     pub fn jobs_bucket(&self) -> String {
         format!("{}-jobs", self.namespace)
@@ -402,6 +407,7 @@ mod tests {
 
     #[test]
     fn queue_names_map_to_distinct_stream_names_and_subjects() {
+        assert_eq!(decode_queue(&encode_queue("email.v2")), "email.v2");
         let t = topo();
         assert_eq!(t.queue_stream("reports.eu"), "ojs-q-reports_eu");
         assert_ne!(t.queue_stream("a.b"), t.queue_stream("a-b"));

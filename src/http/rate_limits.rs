@@ -1,0 +1,71 @@
+//! Rate-limit inspection (rate-limiting spec §10.1, §10.3): each limited queue's limits and
+//! how much of them is in use. Limits are per queue here, so a partition's key is the
+//! queue's name; they are set by a job's `rate_limit` or `PUT /admin/queues/{name}/config`.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::{respond, ApiError, SharedState};
+use crate::domain::envelope::validate_queue;
+use crate::domain::error::OjsError;
+use crate::domain::state::JobState;
+use crate::store::LimitUsage;
+
+/// `GET /rate-limits`: every limited queue, as `GET /rate-limits/{key}` shows it.
+pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let mut items = Vec::new();
+    for queue in state.store.limited_queues() {
+        if let Some(usage) = state.store.limit_usage(&queue).await? {
+            items.push(item(&state, &queue, usage).await?);
+        }
+    }
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
+            "items": items,
+        }),
+    ))
+}
+
+/// `GET /rate-limits/{key}`, the key being a queue's name.
+pub async fn get(
+    State(state): State<SharedState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_queue(&key)?;
+    let usage = state
+        .store
+        .limit_usage(&key)
+        .await?
+        .ok_or_else(|| OjsError::not_found("rate limit", &key))?;
+    Ok(respond(StatusCode::OK, &item(&state, &key, usage).await?))
+}
+
+async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Value, OjsError> {
+    let waiting = state
+        .store
+        .queue_counts(queue)
+        .await?
+        .map_or(0, |c| c.states.of(JobState::Available));
+    let mut body = json!({"key": queue, "waiting_count": waiting});
+    if let Some(limit) = usage.limits.concurrency {
+        body["concurrency"] = json!({
+            "limit": limit,
+            "active": usage.active,
+            "available": limit.saturating_sub(usage.active),
+        });
+    }
+    if let Some(rate) = usage.limits.rate {
+        body["rate"] = json!({
+            "limit": rate.limit,
+            "window_ms": rate.window_ms,
+            "current_count": usage.started,
+            "window_resets_at": chrono::DateTime::from_timestamp_millis(usage.window_ends_ms)
+                .map(crate::domain::time::format),
+        });
+    }
+    Ok(body)
+}

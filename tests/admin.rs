@@ -498,3 +498,87 @@ async fn a_queue_configured_through_the_admin_api_limits_every_replica() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn dead_letter_stats_and_rate_limits_show_what_is_held_without_reading_every_job() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let empty = app.get("/ojs/v1/dead-letter/stats").await;
+    assert_eq!(empty.status, 200, "{}", empty.body);
+    assert_eq!(
+        (
+            empty.body["total"].as_u64(),
+            empty.body["oldest_at"].is_null()
+        ),
+        (Some(0), true)
+    );
+    for queue in ["adm-dl-a", "adm-dl-a", "adm-dl-b"] {
+        dead_letter_a_job(&app, queue).await;
+    }
+    let stats = app.get("/ojs/v1/dead-letter/stats").await.body;
+    assert_eq!(stats["total"], 3, "{stats}");
+    assert_eq!(stats["by_queue"], json!({"adm-dl-a": 2, "adm-dl-b": 1}));
+    assert!(stats["oldest_at"].as_str().unwrap() <= stats["newest_at"].as_str().unwrap());
+    assert_eq!(stats["retention"]["max_count"], 10_000);
+
+    // A queue limited to 2 running at once and 5 starts a minute: one job running.
+    for _ in 0..3 {
+        app.enqueue(typed(
+            "adm-limited",
+            "l.t",
+            json!({"rate_limit": {"concurrency": 2, "rate": {"limit": 5, "period": "PT1M"}}}),
+        ))
+        .await;
+    }
+    assert_eq!(app.fetch(&["adm-limited"], "w").await.len(), 1);
+    let r = app.get("/ojs/v1/rate-limits/adm-limited").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.body["concurrency"],
+        json!({"limit": 2, "active": 1, "available": 1})
+    );
+    assert_eq!(
+        (
+            r.body["rate"]["limit"].as_u64(),
+            r.body["rate"]["current_count"].as_u64()
+        ),
+        (Some(5), Some(1))
+    );
+    assert!(r.body["rate"]["window_resets_at"].is_string());
+    assert_eq!(r.body["waiting_count"], 2);
+    let all = app.get("/ojs/v1/rate-limits").await;
+    assert_eq!(ids_of_keys(&all.body), vec!["adm-limited"]);
+    app.get("/ojs/v1/rate-limits/adm-dl-a")
+        .await
+        .assert_error(404, "not_found");
+    app.stop().await;
+}
+
+fn ids_of_keys(body: &Value) -> Vec<&str> {
+    body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_index_stream_deleted_by_hand_is_made_again_and_no_event_waits_for_it() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    js.delete_stream("ojs-finished-completed").await.unwrap();
+    let id = app.enqueue(typed("adm-index", "i.t", json!({}))).await;
+    app.fetch(&["adm-index"], "w").await;
+    let r = app.ack(json!({"job_id": id, "worker_id": "w"})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    eventually(Duration::from_secs(10), "the completion listed", || async {
+        (listed(&app, "queue=adm-index&state=completed").await == vec![id.clone()]).then_some(())
+    })
+    .await;
+    // Counting comes after indexing in the event publisher: it went on too.
+    let stats = app.get("/ojs/v1/admin/stats").await;
+    assert_eq!(stats.body["jobs"]["completed"], 1, "{}", stats.body);
+    app.stop().await;
+}

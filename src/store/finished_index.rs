@@ -4,6 +4,7 @@
 
 use std::future::IntoFuture;
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream::Stream};
 use futures::future::join_all;
 
@@ -67,7 +68,18 @@ impl Store {
             }
         }
         for ack in join_all(acks.into_iter().map(IntoFuture::into_future)).await {
-            ack.map_err(backend("indexing a job"))?;
+            match ack {
+                Ok(_) => {}
+                // An index stream deleted by hand: made again, and the batch tried again, so
+                // that the event publisher never waits for an operator.
+                Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
+                    for state in FINISHED_STATES {
+                        ensure_stream(&self.inner.js, t.finished_stream_config(state)).await?;
+                    }
+                    return Err(backend("indexing a job")(err));
+                }
+                Err(err) => return Err(backend("indexing a job")(err)),
+            }
         }
         let purges = moves.iter().flat_map(|m| {
             m.leave.iter().filter_map(|state| {

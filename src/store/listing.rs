@@ -31,11 +31,18 @@ pub struct JobPage {
     pub total: Option<u64>,
 }
 
-/// A stream to walk: one source of one state, of one queue or of all.
+/// Which stream to walk for one source of one state, of one queue or of all.
+struct LaneSpec {
+    stream: String,
+    queue: Option<String>,
+    subject_prefix: Option<String>,
+}
+
+/// A lane's stream, opened.
 struct Lane {
     stream: Stream,
-    /// Through the stream leader (`STREAM.MSG.GET`): a queue stream created before direct
-    /// gets were allowed on it.
+    /// Through the stream leader (`STREAM.MSG.GET`): a stream created before direct gets
+    /// were allowed on it.
     leader_only: bool,
     /// The queue of a per-queue stream, for the cursor.
     queue: Option<String>,
@@ -80,7 +87,10 @@ impl Store {
         let mut resume: Option<Cursor> = None;
         'states: for state in q.states() {
             let from = q.cursor.as_ref().filter(|c| c.state == state);
-            for lane in self.lanes(state, q, from).await? {
+            for spec in self.lanes(state, q, from) {
+                let Some(lane) = self.open(spec).await? else {
+                    continue;
+                };
                 let info = lane.stream.cached_info();
                 let (first, last) = (info.state.first_sequence, info.state.last_sequence);
                 let mut next = match from.filter(|c| c.queue == lane.queue) {
@@ -137,28 +147,15 @@ impl Store {
         Ok((jobs.into_iter().map(|(job, _)| job).collect(), next))
     }
 
-    /// The streams `state` is listed from, in order, those before the cursor's left out.
-    async fn lanes(
-        &self,
-        state: JobState,
-        q: &ListQuery,
-        from: Option<&Cursor>,
-    ) -> Result<Vec<Lane>, OjsError> {
+    /// The streams `state` is listed from, in order, those before the cursor's left out;
+    /// each opened only when the walk gets to it.
+    fn lanes(&self, state: JobState, q: &ListQuery, from: Option<&Cursor>) -> Vec<LaneSpec> {
         let t = &self.inner.topology;
-        let open = |name: String| async move {
-            match self.inner.js.get_stream(&name).await {
-                Ok(stream) => Ok(Some(stream)),
-                // A queue never written to, or an index no job has entered yet.
-                Err(err)
-                    if matches!(err.kind(), GetStreamErrorKind::JetStream(e)
-                        if e.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
-                {
-                    Ok(None)
-                }
-                Err(err) => Err(backend("opening a stream to list")(err)),
-            }
+        let shared = |stream: String, subject_prefix: Option<String>| LaneSpec {
+            stream,
+            queue: None,
+            subject_prefix,
         };
-        let mut lanes = Vec::new();
         match Source::of(state) {
             Source::Queue => {
                 let mut names: Vec<String> = match &q.queue {
@@ -169,44 +166,47 @@ impl Store {
                 if let Some(after) = from.and_then(|c| c.queue.as_deref()) {
                     names.retain(|n| n.as_str() >= after);
                 }
-                for name in names {
-                    if let Some(stream) = open(t.queue_stream(&name)).await? {
-                        lanes.push(Lane {
-                            leader_only: !stream.cached_info().config.allow_direct,
-                            stream,
-                            queue: Some(name),
-                            subject_prefix: None,
-                        });
-                    }
-                }
+                names
+                    .into_iter()
+                    .map(|name| LaneSpec {
+                        stream: t.queue_stream(&name),
+                        queue: Some(name),
+                        subject_prefix: None,
+                    })
+                    .collect()
             }
-            Source::Timers => lanes.extend(open(t.timers_stream()).await?.map(|stream| Lane {
+            Source::Timers => vec![shared(t.timers_stream(), None)],
+            Source::DeadLetter => vec![shared(
+                t.dead_letter_stream(),
+                q.queue.as_deref().map(|q| t.dead_letter_subject(q)),
+            )],
+            Source::Finished => vec![shared(
+                t.finished_stream(state),
+                q.queue
+                    .as_deref()
+                    .map(|queue| t.finished_queue_prefix(state, queue)),
+            )],
+        }
+    }
+
+    /// The lane's stream with its state now; `None` for a queue never written to, or an
+    /// index no job has entered yet.
+    async fn open(&self, spec: LaneSpec) -> Result<Option<Lane>, OjsError> {
+        match self.inner.js.get_stream(&spec.stream).await {
+            Ok(stream) => Ok(Some(Lane {
                 leader_only: !stream.cached_info().config.allow_direct,
                 stream,
-                queue: None,
-                subject_prefix: None,
+                queue: spec.queue,
+                subject_prefix: spec.subject_prefix,
             })),
-            Source::DeadLetter => {
-                lanes.extend(open(t.dead_letter_stream()).await?.map(|stream| Lane {
-                    stream,
-                    leader_only: false,
-                    queue: None,
-                    subject_prefix: q.queue.as_deref().map(|q| t.dead_letter_subject(q)),
-                }))
+            Err(err)
+                if matches!(err.kind(), GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                Ok(None)
             }
-            Source::Finished => lanes.extend(open(t.finished_stream(state)).await?.map(|stream| {
-                Lane {
-                    stream,
-                    leader_only: false,
-                    queue: None,
-                    subject_prefix: q
-                        .queue
-                        .as_deref()
-                        .map(|queue| t.finished_queue_prefix(state, queue)),
-                }
-            })),
+            Err(err) => Err(backend("opening a stream to list")(err)),
         }
-        Ok(lanes)
     }
 
     /// The jobs of one window of `lane` that are listed: entries read at once, then their

@@ -210,6 +210,8 @@ async fn stats_queues_and_workers_read_the_counters_and_the_registry() {
     assert_eq!(stats.body["workers"], 1);
     assert!(stats.body["queues"].as_u64().unwrap() >= 1);
     assert!(stats.body["uptime_seconds"].is_u64());
+    // Rates of the last whole minute: nothing finished or failed in it yet.
+    assert_eq!(stats.body["throughput"]["failed_per_minute"], 0);
 
     let queues = app.get("/ojs/v1/admin/queues").await;
     let q = queues.body["items"]

@@ -87,6 +87,9 @@ pub struct QueueCounts {
     pub minute: i64,
     pub completed_this_minute: u64,
     pub completed_last_minute: u64,
+    /// Failed attempts (active → retryable or discarded) in the same two minutes.
+    pub failed_this_minute: u64,
+    pub failed_last_minute: u64,
     /// Job totals by type.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub types: BTreeMap<String, TypeTotals>,
@@ -110,8 +113,17 @@ impl QueueCounts {
             if let Some(to) = change.to {
                 *self.states.slot(to) += 1;
             }
-            if change.to == Some(JobState::Completed) {
-                self.completed_at(change.at);
+            let failed = change.from == Some(JobState::Active)
+                && matches!(change.to, Some(JobState::Retryable | JobState::Discarded));
+            if change.to == Some(JobState::Completed) || failed {
+                match (self.roll_to(change.at), failed) {
+                    (Some(true), false) => self.completed_this_minute += 1,
+                    (Some(false), false) => self.completed_last_minute += 1,
+                    (Some(true), true) => self.failed_this_minute += 1,
+                    (Some(false), true) => self.failed_last_minute += 1,
+                    // Older than the window: counted in its state, not in the rates.
+                    (None, _) => {}
+                }
             }
         }
         if let Some(tally) = &change.tally {
@@ -125,33 +137,45 @@ impl QueueCounts {
         self.through = self.through.max(sequence);
     }
 
-    fn completed_at(&mut self, at: DateTime<Utc>) {
+    /// Moves the two-minute window so that `at` falls in it if it can: `Some(true)` for
+    /// the window's current minute, `Some(false)` for the one before, `None` when older.
+    fn roll_to(&mut self, at: DateTime<Utc>) -> Option<bool> {
         let minute = at.timestamp().div_euclid(60);
         match minute - self.minute {
-            0 => self.completed_this_minute += 1,
-            1 => {
-                self.completed_last_minute = self.completed_this_minute;
-                self.completed_this_minute = 1;
+            0 => Some(true),
+            -1 => Some(false),
+            d if d > 0 => {
+                (self.completed_last_minute, self.failed_last_minute) = if d == 1 {
+                    (self.completed_this_minute, self.failed_this_minute)
+                } else {
+                    (0, 0)
+                };
+                (self.completed_this_minute, self.failed_this_minute) = (0, 0);
                 self.minute = minute;
+                Some(true)
             }
-            -1 => self.completed_last_minute += 1,
-            d if d > 1 => {
-                self.completed_last_minute = 0;
-                self.completed_this_minute = 1;
-                self.minute = minute;
-            }
-            // Older than the window: counted in `completed`, not in the rate.
-            _ => {}
+            _ => None,
         }
+    }
+
+    /// Of a counter pair, the count of the last whole minute before `now`.
+    fn last_whole_minute(&self, now: DateTime<Utc>, this: u64, last: u64) -> u64 {
+        match now.timestamp().div_euclid(60) - self.minute {
+            0 => last,
+            1 => this,
+            _ => 0,
+        }
+    }
+
+    /// Attempts that failed in the last whole minute before `now`.
+    pub fn failed_per_minute(&self, now: DateTime<Utc>) -> u64 {
+        self.last_whole_minute(now, self.failed_this_minute, self.failed_last_minute)
     }
 
     /// Jobs completed per second over the last whole minute before `now`.
     pub fn throughput(&self, now: DateTime<Utc>) -> f64 {
-        let completed = match now.timestamp().div_euclid(60) - self.minute {
-            0 => self.completed_last_minute,
-            1 => self.completed_this_minute,
-            _ => 0,
-        };
+        let completed =
+            self.last_whole_minute(now, self.completed_this_minute, self.completed_last_minute);
         completed as f64 / 60.0
     }
 }
@@ -260,5 +284,35 @@ mod tests {
         assert_eq!(c.throughput(at(725)), 1.0 / 60.0);
         assert_eq!(c.throughput(at(900)), 0.0);
         assert_eq!(c.states.of(JobState::Completed), 5);
+    }
+
+    #[test]
+    fn failures_per_minute_count_failed_attempts_in_the_same_window() {
+        let mut c = QueueCounts::default();
+        let to = |c: &mut QueueCounts, seq, from, to, secs| {
+            c.apply(&Change {
+                sequence: seq,
+                from: Some(from),
+                to: Some(to),
+                at: at(secs),
+                tally: None,
+            });
+        };
+        use JobState::*;
+        to(&mut c, 1, Active, Retryable, 600);
+        to(&mut c, 2, Active, Discarded, 610);
+        to(&mut c, 3, Active, Completed, 620);
+        // Not failed attempts: a promotion, a cancel, a requeue.
+        to(&mut c, 4, Retryable, Available, 630);
+        to(&mut c, 5, Available, Cancelled, 640);
+        to(&mut c, 6, Active, Available, 650);
+        assert_eq!(c.failed_per_minute(at(665)), 2);
+        assert_eq!(c.throughput(at(665)), 1.0 / 60.0);
+        // A failure in the next minute rolls both counters alike.
+        to(&mut c, 7, Active, Retryable, 670);
+        assert_eq!(c.failed_per_minute(at(700)), 2);
+        assert_eq!(c.failed_per_minute(at(725)), 1);
+        assert_eq!(c.throughput(at(725)), 0.0);
+        assert_eq!(c.failed_per_minute(at(900)), 0);
     }
 }

@@ -126,14 +126,16 @@ fn item(name: &str, meta: Option<&QueueMeta>, counts: Option<&QueueCounts>) -> V
             json!(counts.map_or(0, |c| c.states.of(s))),
         );
     }
-    let per_second = counts.map_or(0.0, |c| c.throughput(Utc::now()));
+    let now = Utc::now();
+    let per_second = counts.map_or(0.0, |c| c.throughput(now));
+    let failed = counts.map_or(0, |c| c.failed_per_minute(now));
     let paused = meta.is_some_and(|m| m.paused);
     json!({
         "name": name,
         "state": if paused { "paused" } else { "active" },
         "paused": paused,
         "counts": by_state,
-        "throughput": {"processed_per_minute": per_second * 60.0},
+        "throughput": {"processed_per_minute": per_second * 60.0, "failed_per_minute": failed},
         "created_at": meta.map(|m| format(m.created_at)),
     })
 }

@@ -21,13 +21,18 @@ pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError>
         jobs.insert(s.as_str().into(), json!(n));
     }
     let per_second: f64 = totals.queues.iter().map(|(_, c)| c.throughput(now)).sum();
+    let failed: u64 = totals
+        .queues
+        .iter()
+        .map(|(_, c)| c.failed_per_minute(now))
+        .sum();
     Ok(respond(
         StatusCode::OK,
         &json!({
             "queues": state.store.queues().len(),
             "workers": totals.workers,
             "jobs": jobs,
-            "throughput": {"processed_per_minute": per_second * 60.0},
+            "throughput": {"processed_per_minute": per_second * 60.0, "failed_per_minute": failed},
             "unhandled_writes": totals.unhandled_writes,
             "timers_pending": totals.timers_pending,
             "uptime_seconds": state.started.elapsed().as_secs(),

@@ -44,20 +44,7 @@ if [[ -z "$nats_bin" || ! -x "$nats_bin" ]]; then
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ojs-browser-test.XXXXXX")"
-# Set by start_nats and start_gateway (scripts/lib.sh).
-NATS_PID=""
-GATEWAY_PID=""
-
-# shellcheck disable=SC2317  # called from a trap
-cleanup() {
-    # Gateway first, so it never sees its NATS server disappear under it.
-    stop_process "$GATEWAY_PID"
-    stop_process "$NATS_PID"
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+stop_stack_on_exit "$work"
 
 # A key for this run only: the gateway asks every request for it.
 api_key="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"

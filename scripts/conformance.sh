@@ -53,20 +53,7 @@ fi
 echo "conformance: nats-server $nats_bin ($("$nats_bin" --version 2>&1 | head -n 1))" >&2
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ojs-conformance.XXXXXX")"
-# Set by start_nats and start_gateway (scripts/lib.sh).
-NATS_PID=""
-GATEWAY_PID=""
-
-# shellcheck disable=SC2317  # called from a trap
-cleanup() {
-    # Gateway first, so it never sees its NATS server disappear under it.
-    stop_process "$GATEWAY_PID"
-    stop_process "$NATS_PID"
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+stop_stack_on_exit "$work"
 
 # Test ids in OJS_CONFORMANCE_SKIP (space-separated) are left out of the run, loudly: the
 # suites are copied without those files. Only for cases that no correct server can pass;

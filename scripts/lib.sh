@@ -105,3 +105,23 @@ start_gateway() {
     echo "$name: waiting for $GATEWAY_URL/ojs/v1/health" >&2
     wait_until gateway "$GATEWAY_PID" "$dir/gateway.log" 60 http_ok "$GATEWAY_URL/ojs/v1/health"
 }
+
+# stop_stack_on_exit DIR: when the calling script exits (or is interrupted), stops the
+# gateway and then the nats-server that start_gateway and start_nats started, and removes
+# DIR. Call it before starting them.
+stop_stack_on_exit() {
+    STACK_DIR="$1"
+    NATS_PID=""
+    GATEWAY_PID=""
+    trap stop_stack EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+# shellcheck disable=SC2317  # called from a trap
+stop_stack() {
+    # Gateway first, so it never sees its NATS server disappear under it.
+    stop_process "$GATEWAY_PID"
+    stop_process "$NATS_PID"
+    rm -rf "$STACK_DIR"
+}

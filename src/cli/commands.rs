@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::table::{cell, render};
+use super::table::{cell, render, rows};
 use super::{
     Cli, Command, CronAction, DeadLetterAction, EventsAction, Failure, JobsAction, QueueAction,
 };
@@ -231,17 +231,10 @@ async fn jobs(client: &Client, json: bool, action: &JobsAction) -> Result<(), Fa
                 })
                 .await?;
             print(json, &page, |p| {
-                let rows: Vec<Vec<String>> = p["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|j| {
-                        ["id", "type", "queue", "state", "attempt", "created_at"]
-                            .iter()
-                            .map(|f| cell(&j[*f]))
-                            .collect()
-                    })
-                    .collect();
+                let rows = rows(
+                    &p["items"],
+                    &["id", "type", "queue", "state", "attempt", "created_at"],
+                );
                 let mut out = render(
                     &["ID", "TYPE", "QUEUE", "STATE", "ATTEMPT", "CREATED"],
                     &rows,
@@ -259,23 +252,16 @@ async fn jobs(client: &Client, json: bool, action: &JobsAction) -> Result<(), Fa
 async fn workers(client: &Client, json: bool) -> Result<(), Failure> {
     let all = client.workers().await?;
     print(json, &all, |w| {
-        let rows: Vec<Vec<String>> = w["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|i| {
-                [
-                    "id",
-                    "state",
-                    "hostname",
-                    "active_jobs",
-                    "last_heartbeat_at",
-                ]
-                .iter()
-                .map(|f| cell(&i[*f]))
-                .collect()
-            })
-            .collect();
+        let rows = rows(
+            &w["items"],
+            &[
+                "id",
+                "state",
+                "hostname",
+                "active_jobs",
+                "last_heartbeat_at",
+            ],
+        );
         render(
             &["WORKER", "STATE", "HOSTNAME", "ACTIVE", "LAST HEARTBEAT"],
             &rows,
@@ -350,25 +336,18 @@ async fn cron(client: &Client, json: bool, action: &CronAction) -> Result<(), Fa
         CronAction::List => {
             let entries = Value::Array(client.list_cron().await?);
             print(json, &entries, |all| {
-                let rows: Vec<Vec<String>> = all
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|e| {
-                        [
-                            "name",
-                            "expression",
-                            "timezone",
-                            "type",
-                            "status",
-                            "next_run_at",
-                            "last_run_at",
-                        ]
-                        .iter()
-                        .map(|f| cell(&e[*f]))
-                        .collect()
-                    })
-                    .collect();
+                let rows = rows(
+                    all,
+                    &[
+                        "name",
+                        "expression",
+                        "timezone",
+                        "type",
+                        "status",
+                        "next_run_at",
+                        "last_run_at",
+                    ],
+                );
                 render(
                     &[
                         "NAME",

@@ -27,6 +27,16 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     out.join("\n")
 }
 
+/// One row per item of the array `items`, with the cells of `fields` in order.
+pub fn rows(items: &Value, fields: &[&str]) -> Vec<Vec<String>> {
+    items
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| fields.iter().map(|f| cell(&item[*f])).collect())
+        .collect()
+}
+
 /// A JSON value as a cell: strings bare, nothing as `-`, anything else as compact JSON.
 pub fn cell(value: &Value) -> String {
     match value {
@@ -41,6 +51,19 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn rows_take_the_named_fields_of_each_item_in_order() {
+        let items = json!([{"id": "a", "n": 2}, {"id": "b"}]);
+        assert_eq!(
+            rows(&items, &["n", "id"]),
+            vec![
+                vec!["2".to_owned(), "a".into()],
+                vec!["-".into(), "b".into()]
+            ]
+        );
+        assert!(rows(&json!({"not": "an array"}), &["id"]).is_empty());
+    }
 
     #[test]
     fn columns_align_to_their_widest_cell() {

@@ -175,6 +175,15 @@ async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
         );
     }
 
+    // A cursor past any stream's end, either way, lists nothing and ends the listing.
+    for order in ["asc", "desc"] {
+        let r = app
+            .get(&format!("/ojs/v1/admin/jobs?state=completed&order={order}&cursor=completed:18446744073709551615"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body["pagination"]["next_cursor"].is_null(), "{}", r.body);
+    }
+
     // The whole envelope of one job.
     let r = app.get(&format!("/ojs/v1/admin/jobs/{}", waiting[1])).await;
     assert_eq!(r.status, 200);

@@ -95,7 +95,7 @@ impl Store {
                 let (first, last) = (info.state.first_sequence, info.state.last_sequence);
                 let mut next = match from.filter(|c| c.queue == lane.queue) {
                     Some(c) if q.order == Order::Desc => c.sequence.saturating_sub(1),
-                    Some(c) => c.sequence + 1,
+                    Some(c) => c.sequence.saturating_add(1),
                     None if q.order == Order::Desc => last,
                     None => first.max(1),
                 };

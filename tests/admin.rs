@@ -488,15 +488,18 @@ async fn a_queue_configured_through_the_admin_api_limits_every_replica() {
         r.body
     );
 
-    a.put(
-        "/ojs/v1/admin/queues/never-seen/config",
-        json!({"concurrency": 2}),
-    )
-    .await
-    .assert_error(404, "not_found");
+    // A queue can be configured before its first job.
+    let r = a
+        .put(
+            "/ojs/v1/admin/queues/never-seen/config",
+            json!({"concurrency": 2}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["configuration"]["concurrency"], 2);
     a.put(
         "/ojs/v1/admin/queues/adm-config/config",
-        json!({"backpressure": {"max_depth": 10}}),
+        json!({"retention": {"completed": "P1D"}}),
     )
     .await
     .assert_error(422, "unsupported");

@@ -5,6 +5,7 @@
 mod common;
 
 mod admin;
+mod backpressure;
 mod bulk;
 mod cli;
 mod clients;

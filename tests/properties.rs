@@ -202,7 +202,7 @@ proptest! {
             prop_assert!(job.timeout_ms.unwrap_or(0) <= duration::MAX.as_millis() as u64);
             prop_assert!(job.visibility_timeout_ms.unwrap_or(0) <= duration::MAX.as_millis() as u64);
             prop_assert!(job.retry.max_interval <= duration::MAX);
-            let rec = JobRecord { job, dispatch: 1, holder: None, transition: Transition::Created, dead_letter: None, trail: Vec::new(), slot: None, from: None, batch: None };
+            let rec = JobRecord { job, dispatch: 1, holder: None, transition: Transition::Created, dead_letter: None, trail: Vec::new(), slot: None, from: None, batch: None, depth_token: None };
             times_are_readable(&rec);
         }
     }

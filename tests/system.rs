@@ -81,7 +81,13 @@ async fn manifest_claims_level_four_and_metrics_count_requests() {
     assert_eq!(r.body["conformance_level"], 4);
     assert_eq!(r.body["unique_job_strength"], "strong");
     assert_eq!(r.body["queue_strategies"], json!(["strict", "weighted"]));
-    for capability in ["workflows", "unique_jobs", "rate_limiting", "pause_resume"] {
+    for capability in [
+        "workflows",
+        "unique_jobs",
+        "rate_limiting",
+        "pause_resume",
+        "backpressure",
+    ] {
         assert_eq!(r.body["capabilities"][capability], true, "{capability}");
     }
     assert_eq!(r.body["capabilities"]["cron_jobs"], true);

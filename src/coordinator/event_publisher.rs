@@ -16,6 +16,7 @@ use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::unseen_writes::UnseenWrites;
+use crate::domain::backpressure;
 use crate::domain::event::{step_events, Event};
 use crate::domain::listing::IndexMove;
 use crate::domain::spans::JobSpan;
@@ -148,6 +149,7 @@ impl EventPublisher {
         let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
         let mut indexed = Vec::new();
         let mut released = Vec::new();
+        let mut freed = Vec::new();
         let mut spans = Vec::new();
         for w in batch {
             unseen.delivered(w.revision);
@@ -229,6 +231,9 @@ impl EventPublisher {
                         .or_default()
                         .extend(changes);
                     released.extend(ended_lock(rec));
+                    freed.extend(
+                        backpressure::ended_token(rec).map(|seq| (rec.job.queue.as_str(), seq)),
+                    );
                 }
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
@@ -257,6 +262,15 @@ impl EventPublisher {
         // The index of finished jobs (architecture §3.26), before the batch is acknowledged.
         while let Err(err) = self.store.index_jobs(&indexed).await {
             warn!(error = %err, "indexing jobs failed; retrying");
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        // Places in bounded queues of the jobs that finished (architecture §3.27): before the
+        // batch is acknowledged, so a crash repeats them and none is left taken.
+        while let Err(err) = self.store.delete_depth_tokens(freed.iter().copied()).await {
+            warn!(error = %err, "freeing places in bounded queues failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
                 _ = tokio::time::sleep(RETRY_PAUSE) => {}

@@ -6,6 +6,7 @@ mod cron;
 mod deadline_watch;
 mod event_publisher;
 mod pruner;
+mod queue_bounds;
 mod slot_sweeper;
 mod timer_scheduler;
 mod unseen_writes;
@@ -25,6 +26,7 @@ use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
 pub use pruner::Pruner;
+pub use queue_bounds::QueueBounds;
 pub use slot_sweeper::SlotSweeper;
 pub use timer_scheduler::TimerScheduler;
 
@@ -141,6 +143,10 @@ impl Coordinator {
         l.spawn(
             "slot_sweeper",
             SlotSweeper::new(store.clone()).run(token.clone()),
+        );
+        l.spawn(
+            "queue_bounds",
+            QueueBounds::new(store.clone(), self.metrics.clone()).run(token.clone()),
         );
         if let Some(max_age) = store.finished_jobs_max_age() {
             l.spawn(

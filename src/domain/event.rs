@@ -65,6 +65,27 @@ pub fn queue_event(
     }
 }
 
+/// `backpressure.rejected`, `.warning` or `.cleared` (backpressure spec §10.1) with `data`
+/// (`Bound::event_data`); each is an occurrence of its own, under a new `id`.
+pub fn backpressure_event(
+    event_type: &str,
+    data: Value,
+    id: uuid::Uuid,
+    at: DateTime<Utc>,
+    source: &str,
+) -> Event {
+    Event {
+        specversion: "1.0".into(),
+        id: format!("evt_{id}"),
+        event_type: event_type.into(),
+        source: source.into(),
+        time: at,
+        subject: data.get("queue").and_then(Value::as_str).map(str::to_owned),
+        datacontenttype: "application/json".into(),
+        data,
+    }
+}
+
 /// The events implied by one write of a job record, in lifecycle order. `revision` is the
 /// record's position in the jobs bucket; together with the job id it fixes the event ids.
 pub fn job_events(rec: &JobRecord, revision: u64, source: &str) -> Vec<Event> {
@@ -175,6 +196,16 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
                     "ttl_ms": ttl_ms,
                 })),
             )]
+        }
+        Transition::Dropped => {
+            let error = error_data(error_of(job, step.attempt));
+            vec![
+                (
+                    "job.discarded",
+                    with(json!({"total_attempts": step.attempt, "last_error": error})),
+                ),
+                ("backpressure.dropped", with(json!({}))),
+            ]
         }
         Transition::Redelivered => vec![],
     };

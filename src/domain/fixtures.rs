@@ -30,5 +30,6 @@ pub fn record(options: Value) -> JobRecord {
         slot: None,
         from: None,
         batch: None,
+        depth_token: None,
     }
 }

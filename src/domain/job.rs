@@ -202,6 +202,9 @@ pub enum Transition {
     Retried,
     /// `scheduled | available | retryable → discarded`: `expires_at` passed before it ran.
     Expired,
+    /// `available → discarded`: the oldest waiting job of a full queue whose bound drops
+    /// the oldest for a newer one (`backpressure.rs`).
+    Dropped,
 }
 
 /// The value kept in the jobs bucket under the job id.
@@ -231,6 +234,10 @@ pub struct JobRecord {
     /// (`domain/batch.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// The sequence of the job's depth token in its bounded queue's depth stream, from its
+    /// PUSH (or dead-letter retry) until it finishes (`domain/backpressure.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth_token: Option<u64>,
 }
 
 impl JobRecord {
@@ -245,6 +252,7 @@ impl JobRecord {
             slot,
             from: None,
             batch: None,
+            depth_token: None,
             job,
         }
     }

@@ -547,6 +547,35 @@ pub fn expire(rec: &JobRecord, now: DateTime<Utc>) -> Option<JobRecord> {
     Some(next)
 }
 
+/// A full bounded queue's `drop_oldest` (backpressure spec §5.3): the oldest available job
+/// is discarded to make room, with an `overflow` error saying why.
+///
+/// # Errors
+/// 409 when the job is no longer available (claimed, cancelled, dropped meanwhile).
+pub fn drop_overflow(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsError> {
+    state::expect(&rec.job.id, rec.job.state, JobState::Available)?;
+    let mut next = rec.clone();
+    let job = &mut next.job;
+    job.state = JobState::Discarded;
+    job.completed_at = Some(now);
+    job.discarded_at = Some(now);
+    job.error = Some(JobError {
+        code: "overflow".into(),
+        message: format!(
+            "Dropped for a newer job: queue '{}' was at its depth bound.",
+            job.queue
+        ),
+        error_type: Some("overflow".into()),
+        retryable: false,
+        details: None,
+        backtrace: None,
+        attempt: job.attempt,
+        occurred_at: now,
+    });
+    next.transition = Transition::Dropped;
+    Ok(next)
+}
+
 /// ACK and FAIL need the job active and, when both sides name a worker, held by the caller
 /// (worker protocol §5.6; HTTP binding §10.2–§10.3).
 fn expect_holder(rec: &JobRecord, worker_id: Option<&str>) -> Result<(), OjsError> {

@@ -2,6 +2,7 @@
 //! retention, queue statistics, batches and bulk requests.
 //! Nothing here does I/O or reads the clock; callers pass `now` and randomness in.
 
+pub mod backpressure;
 pub mod batch;
 pub mod bulk;
 pub mod claim;
@@ -19,6 +20,7 @@ pub mod lanes;
 pub mod lifecycle;
 pub mod listing;
 pub mod progress;
+pub mod queue_config;
 pub mod rate_limit;
 pub mod requests;
 pub mod retention;

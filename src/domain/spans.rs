@@ -62,6 +62,7 @@ impl JobSpan {
             Transition::Cancelled => ("ojs.cancel", SpanKind::Internal, None),
             Transition::Promoted => ("ojs.promote", SpanKind::Internal, None),
             Transition::Expired => ("ojs.expire", SpanKind::Internal, None),
+            Transition::Dropped => ("ojs.drop", SpanKind::Internal, None),
             Transition::Activated => ("ojs.activate", SpanKind::Internal, None),
             Transition::Retried => ("ojs.dead_letter.retry", SpanKind::Internal, None),
             Transition::Redelivered | Transition::Heartbeat | Transition::Progressed => {

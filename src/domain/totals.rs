@@ -42,6 +42,8 @@ pub enum Outcome {
     },
     Cancelled,
     Expired,
+    /// Discarded by a full queue's `drop_oldest`.
+    Dropped,
 }
 
 /// What one write adds to the totals of its job's type.
@@ -86,6 +88,7 @@ impl Tally {
             ),
             Transition::Cancelled => (Outcome::Cancelled, None),
             Transition::Expired => (Outcome::Expired, None),
+            Transition::Dropped => (Outcome::Dropped, None),
             Transition::Activated
             | Transition::Requeued
             | Transition::Promoted
@@ -146,6 +149,8 @@ pub struct TypeTotals {
     pub dead_lettered: u64,
     pub cancelled: u64,
     pub expired: u64,
+    /// Discarded by a full queue's `drop_oldest`.
+    pub dropped: u64,
     /// Attempt durations by the state the attempt left the job in (`completed`,
     /// `retryable`, `discarded`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -155,9 +160,9 @@ pub struct TypeTotals {
 }
 
 impl TypeTotals {
-    /// Jobs discarded, by their last failure or by expiry.
+    /// Jobs discarded, by their last failure, by expiry or dropped by a full queue.
     pub fn discarded(&self) -> u64 {
-        self.failed + self.expired
+        self.failed + self.expired + self.dropped
     }
 }
 
@@ -200,6 +205,10 @@ pub fn add(types: &mut BTreeMap<String, TypeTotals>, tally: &Tally) {
         }
         Outcome::Expired => {
             totals.expired += 1;
+            None
+        }
+        Outcome::Dropped => {
+            totals.dropped += 1;
             None
         }
     };

@@ -88,7 +88,7 @@ impl Step {
                 holder.and_then(|h| h.worker_id.clone()),
                 holder.map(|h| h.visible_until),
             ),
-            Transition::Expired => (job.discarded_at, None, None),
+            Transition::Expired | Transition::Dropped => (job.discarded_at, None, None),
             Transition::Redelivered => (None, None, None),
         };
         Step {

@@ -72,6 +72,17 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("1"),
             );
         }
+        if self.0.code == ErrorCode::QueueFull {
+            // A queue at its bound names its depth and bound (backpressure spec §7.2).
+            for (detail, name) in [
+                ("depth", "x-ojs-queue-depth"),
+                ("bound", "x-ojs-queue-bound"),
+            ] {
+                if let Some(n) = self.0.details.get(detail).and_then(Value::as_u64) {
+                    response.headers_mut().insert(name, n.into());
+                }
+            }
+        }
         if self.0.code == ErrorCode::Unauthenticated {
             // Required with every 401 (errors spec §5.1).
             response.headers_mut().insert(

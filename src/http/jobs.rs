@@ -1,7 +1,9 @@
 //! PUSH (single and batch), INFO, CANCEL and ACTIVATE (HTTP binding §9).
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use std::collections::BTreeSet;
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -9,16 +11,21 @@ use uuid::Uuid;
 
 use super::extract::JsonObject;
 use super::{job_id, respond, ApiError, SharedState};
+use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Job;
 use crate::store::Enqueued;
+
+/// The request header of a PUSH willing to wait for room in a full queue.
+const BLOCK_TIMEOUT: &str = "ojs-block-timeout";
 
 /// Most jobs one batch may carry.
 const MAX_BATCH: usize = 10_000;
 
 pub async fn enqueue(
     State(state): State<SharedState>,
+    headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let job = envelope::parse_with_default_exhaustion(
@@ -27,7 +34,8 @@ pub async fn enqueue(
         Uuid::now_v7(),
         state.config.default_on_exhaustion,
     )?;
-    let job = match state.store.enqueue(vec![job]).await? {
+    let queue = job.queue.clone();
+    let job = match push(&state, &headers, vec![job]).await? {
         Enqueued::Created(mut jobs) => jobs.remove(0),
         // Unique `ignore`: the job holding the key (unique-jobs spec §5.4).
         Enqueued::Existing(job) => {
@@ -42,12 +50,14 @@ pub async fn enqueue(
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, v);
     }
+    add_pressure(&state, [queue.as_str()], &mut response).await;
     Ok(response)
 }
 
 /// All or none: every element is validated before anything is written (HTTP binding §9.2).
 pub async fn enqueue_batch(
     State(state): State<SharedState>,
+    headers: HeaderMap,
     JsonObject(mut body): JsonObject,
 ) -> Result<Response, ApiError> {
     let items = match body.remove("jobs") {
@@ -102,16 +112,73 @@ pub async fn enqueue_batch(
         .with_detail("index", index)
         .into());
     }
-    Ok(match state.store.enqueue(jobs).await? {
-        Enqueued::Created(jobs) => respond(
-            StatusCode::CREATED,
-            &json!({ "jobs": jobs, "count": jobs.len() }),
-        ),
+    let queues: Vec<String> = jobs
+        .iter()
+        .map(|j| j.queue.as_str())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    Ok(match push(&state, &headers, jobs).await? {
+        Enqueued::Created(jobs) => {
+            let mut response = respond(
+                StatusCode::CREATED,
+                &json!({ "jobs": jobs, "count": jobs.len() }),
+            );
+            add_pressure(&state, queues.iter().map(String::as_str), &mut response).await;
+            response
+        }
         Enqueued::Existing(job) => respond(
             StatusCode::OK,
             &json!({ "jobs": [job], "count": 1, "deduplicated": true }),
         ),
     })
+}
+
+/// PUSH with the request's `OJS-Block-Timeout` (backpressure spec §5.2); a refusal by a
+/// queue's bound is counted in `ojs_backpressure_rejected_total`.
+async fn push(
+    state: &SharedState,
+    headers: &HeaderMap,
+    jobs: Vec<Job>,
+) -> Result<Enqueued, ApiError> {
+    let raw = headers
+        .get(BLOCK_TIMEOUT)
+        .map(|v| v.to_str().unwrap_or("(not text)"));
+    let block = backpressure::block_timeout(raw)?;
+    match state.store.enqueue(jobs, block).await {
+        Err(err) if err.code == ErrorCode::QueueFull => {
+            if let Some(queue) = err.details.get("queue").and_then(Value::as_str) {
+                state.metrics.backpressure_rejected(queue);
+            }
+            Err(err.into())
+        }
+        other => Ok(other?),
+    }
+}
+
+/// The pressure headers of a PUSH into a bounded queue past its warning threshold
+/// (backpressure spec §7.3): the first such queue of `queues`. Best effort.
+async fn add_pressure<'a>(
+    state: &SharedState,
+    queues: impl IntoIterator<Item = &'a str>,
+    response: &mut Response,
+) {
+    for queue in queues {
+        let Ok(Some(p)) = state.store.pressure(queue).await else {
+            continue;
+        };
+        if p.bound.warns(p.depth) {
+            let headers = response.headers_mut();
+            headers.insert("x-ojs-queue-depth", p.depth.into());
+            headers.insert("x-ojs-queue-bound", p.bound.max_depth.into());
+            let pressure = format!("{:.2}", p.bound.pressure(p.depth));
+            if let Ok(v) = HeaderValue::from_str(&pressure) {
+                headers.insert("x-ojs-queue-pressure", v);
+            }
+            return;
+        }
+    }
 }
 
 fn first_repeated_id(jobs: &[Job]) -> Option<usize> {

@@ -13,7 +13,7 @@ mod extract;
 mod jobs;
 mod openapi;
 mod progress;
-mod queues;
+pub mod queues;
 mod rate_limits;
 mod stream;
 mod system;

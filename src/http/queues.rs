@@ -11,6 +11,7 @@ use super::extract::{pagination, paging};
 use super::{respond, ApiError, SharedState};
 use crate::domain::envelope::validate_queue;
 use crate::domain::state::JobState;
+use crate::store::Pressure;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 200;
@@ -71,6 +72,9 @@ pub async fn stats(
         json!(stats.counts.throughput(stats.computed_at)),
     );
     let mut queue = counts.clone();
+    if let Some(p) = state.store.pressure(&name).await? {
+        queue.insert("backpressure".into(), backpressure_json(&p));
+    }
     queue.insert("name".into(), json!(name));
     queue.insert("paused".into(), json!(paused));
     queue.insert("status".into(), json!(status(paused)));
@@ -116,4 +120,16 @@ async fn set_paused(state: SharedState, name: String, paused: bool) -> Result<Re
     let mut body = queue.clone();
     body["queue"] = queue;
     Ok(respond(StatusCode::OK, &body))
+}
+
+/// A bound as the backpressure spec configures it (§6.2), with the depth now and the
+/// pressure (§7.3).
+pub fn backpressure_json(p: &Pressure) -> Value {
+    json!({
+        "max_depth": p.bound.max_depth,
+        "strategy": p.bound.strategy.as_str(),
+        "warning_threshold": p.bound.warning_threshold,
+        "depth": p.depth,
+        "pressure": p.bound.pressure(p.depth),
+    })
 }

@@ -77,6 +77,7 @@ pub async fn manifest() -> Response {
                 "job_ttl": true,
                 "priority_queues": true,
                 "rate_limiting": true,
+                "backpressure": true,
                 "schema_validation": false,
                 "unique_jobs": true,
                 "workflows": true,

@@ -3,6 +3,7 @@
 //! repeated by a new leader after a crash still makes one job.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -161,7 +162,7 @@ impl Store {
                     uuid::Uuid::nil(),
                     self.inner.default_on_exhaustion,
                 ) {
-                    Ok(job) => self.enqueue(vec![job]).await.map(drop),
+                    Ok(job) => self.enqueue(vec![job], Duration::ZERO).await.map(drop),
                     Err(err) => Err(err),
                 };
                 match enqueued {

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
-use super::error::{backend, refusal};
+use super::error::{already_deleted, backend, refusal};
 use super::topology::decode_queue;
 use super::Store;
 use chrono::{DateTime, Utc};
@@ -184,15 +185,41 @@ impl Store {
         self.retry(id, lifecycle::retry_discarded).await
     }
 
-    /// A retry decided by `decide`; a job that was in the dead letter queue leaves it.
+    /// A retry decided by `decide`; a job that was in the dead letter queue leaves it. A
+    /// finished job of a bounded queue takes a place in it first (429 `queue_full` when
+    /// there is none), given back when the retry is refused.
     pub(super) async fn retry(
         &self,
         id: &str,
         decide: fn(&JobRecord, DateTime<Utc>) -> Result<JobRecord, OjsError>,
     ) -> Result<Job, OjsError> {
+        let (found, revision) = self
+            .read(id, Replica::Nearest)
+            .await?
+            .ok_or_else(|| OjsError::not_found("job", id))?;
+        let mut tokens = Vec::new();
+        let mut token = None;
+        if found.job.state.is_terminal() {
+            let mut taking = [found.clone()];
+            tokens = self.take_depth_tokens(&mut taking, Duration::ZERO).await?;
+            token = taking[0].depth_token;
+        }
         let settled = self
-            .transition(id, |rec, now| decide(rec, now).map(Some))
-            .await?;
+            .transition_from(id, Some((found, revision)), |rec, now| {
+                let mut next = decide(rec, now)?;
+                if rec.job.state.is_terminal() {
+                    next.depth_token = token;
+                }
+                Ok(Some(next))
+            })
+            .await;
+        let settled = match settled {
+            Ok(settled) => settled,
+            Err(err) => {
+                self.give_back_unheld(&tokens).await;
+                return Err(err);
+            }
+        };
         if let Some(seq) = settled.before.dead_letter {
             self.drop_dead_letter_entry(seq).await;
         }
@@ -246,7 +273,7 @@ impl Store {
         match self.inner.dead_letter.delete_message(seq).await {
             Ok(_) => {}
             // Retention pruned it already.
-            Err(err) if err.to_string().contains("no message found") => {}
+            Err(err) if already_deleted(&err) => {}
             Err(err) => {
                 warn!(sequence = seq, error = %err, "could not remove a dead-letter entry");
             }

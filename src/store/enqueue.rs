@@ -4,7 +4,9 @@
 use std::collections::BTreeSet;
 
 use async_nats::jetstream::kv;
-use chrono::Utc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use tracing::warn;
 use uuid::Uuid;
@@ -29,14 +31,14 @@ impl Store {
     /// stays), 413 for an envelope
     /// over the server's payload limit, 429 `queue_full` when its timers would pass
     /// `max_pending_timers`, `backend_error` when NATS fails.
-    pub async fn enqueue(&self, jobs: Vec<Job>) -> Result<Enqueued, OjsError> {
+    pub async fn enqueue(&self, jobs: Vec<Job>, block: Duration) -> Result<Enqueued, OjsError> {
         let mut records: Vec<JobRecord> = jobs
             .into_iter()
             .map(|job| JobRecord::created(job, None))
             .collect();
         if records.iter().all(|r| r.job.unique.is_none()) {
             return Ok(Enqueued::Created(
-                self.create_jobs(records, async { Ok(()) }).await?,
+                self.create_jobs(records, async { Ok(()) }, block).await?,
             ));
         }
         // Unique jobs: their keys' locks first (`unique.rs`, architecture §3.18).
@@ -45,7 +47,7 @@ impl Store {
             Err(existing) => return Ok(Enqueued::Existing(existing)),
         };
         self.failpoint("unique.locked").await;
-        match self.create_jobs(records, async { Ok(()) }).await {
+        match self.create_jobs(records, async { Ok(()) }, block).await {
             Ok(jobs) => Ok(Enqueued::Created(jobs)),
             Err(err) => {
                 self.release_taken(&taken).await;
@@ -65,6 +67,7 @@ impl Store {
         &self,
         mut records: Vec<JobRecord>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
+        block: Duration,
     ) -> Result<Vec<Job>, OjsError> {
         let now = Utc::now();
         let batch = (records.len() > 1).then(|| Uuid::now_v7().to_string());
@@ -85,11 +88,7 @@ impl Store {
 
         // Every job's lane, scheduled ones too: creating a queue's stream when its first
         // scheduled job comes due would make that promotion late.
-        let lanes: BTreeSet<(&str, i32)> = records
-            .iter()
-            .map(|r| (r.job.queue.as_str(), r.job.priority))
-            .collect();
-        self.inner.queues.admit(lanes.iter().copied())?;
+        self.inner.queues.admit(lanes(&records).iter().copied())?;
         // The batch's promote and expire timers, within `max_pending_timers` (before any
         // write: a refused PUSH leaves nothing behind).
         let timers = records
@@ -100,8 +99,31 @@ impl Store {
             })
             .sum();
         self.admit_timers(timers).await?;
+        // Places in bounded queues, the last check and the first write (architecture §3.27).
+        let tokens = self.take_depth_tokens(&mut records, block).await?;
+        for (rec, bytes) in records.iter().zip(encoded.iter_mut()) {
+            if rec.depth_token.is_some() {
+                *bytes = bytes::Bytes::from(rec.to_bytes());
+            }
+        }
+        let written = self.write_jobs(records, encoded, first, now).await;
+        if written.is_err() && !tokens.is_empty() {
+            self.give_back_unheld(&tokens).await;
+        }
+        written
+    }
+
+    /// `create_jobs` once every check has passed and the bounded queues' places are taken.
+    async fn write_jobs(
+        &self,
+        records: Vec<JobRecord>,
+        encoded: Vec<bytes::Bytes>,
+        first: impl std::future::Future<Output = Result<(), OjsError>>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Job>, OjsError> {
+        let batch = records.first().and_then(|r| r.batch.clone());
         first.await?;
-        for (queue, priority) in lanes {
+        for (queue, priority) in lanes(&records) {
             self.inner.queues.ensure(queue, priority, now).await?;
         }
         self.ensure_rate_limits(&records, now).await?;
@@ -290,6 +312,14 @@ impl Store {
             warn!(error = %err, "could not roll back a refused batch; its timer will");
         }
     }
+}
+
+/// Every job's lane: its queue and priority.
+fn lanes(records: &[JobRecord]) -> BTreeSet<(&str, i32)> {
+    records
+        .iter()
+        .map(|r| (r.job.queue.as_str(), r.job.priority))
+        .collect()
 }
 
 /// A record's create: the revision it wrote (`None`: already changed by a worker, see

@@ -1,6 +1,9 @@
 //! NATS failures become `backend_error`s here, once, with the operation named: 503 when NATS
 //! could not answer (retry shortly), 500 for anything else.
 
+use async_nats::jetstream::stream::{DeleteMessageError, DeleteMessageErrorKind};
+use async_nats::jetstream::ErrorCode as NatsCode;
+
 use crate::domain::error::{BoxedError, ErrorCode, OjsError};
 
 /// Awaits publish acknowledgements sent without waiting (pipelined); the first failure
@@ -105,6 +108,20 @@ fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
         let text = e.to_string();
         UNANSWERED.iter().any(|said| text.contains(said))
     })
+}
+
+/// Whether a message delete found nothing to delete: deleted before (an earlier try whose
+/// answer was lost, a sweep, retention) or its stream gone. NATS answers a missing message
+/// with 10057 "no message found", not 10037.
+pub fn already_deleted(err: &DeleteMessageError) -> bool {
+    match err.kind() {
+        DeleteMessageErrorKind::JetStream(e) => {
+            e.error_code() == NatsCode::NO_MESSAGE_FOUND
+                || e.error_code() == NatsCode::STREAM_NOT_FOUND
+                || e.to_string().contains("no message found")
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
 //! handle shared by the HTTP handlers and the coordinator.
 
+mod backpressure;
 mod batches;
 mod bulk;
 mod cas;
@@ -25,6 +26,7 @@ mod rate_limit;
 mod recent;
 mod records;
 mod stats;
+mod stream_walk;
 mod timers;
 pub mod topology;
 mod transitions;
@@ -47,6 +49,7 @@ use crate::domain::lifecycle::RECORD_HEADROOM;
 use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 
+pub use backpressure::Pressure;
 pub use cron::TickOutcome;
 pub use dead_letter::{DeadLetterPage, DeadLetterStats};
 pub use enqueue::Enqueued;
@@ -144,6 +147,8 @@ struct Inner {
     /// PUSH's cap on pending timers, and the count it is checked against.
     max_pending_timers: u64,
     timer_count: timers::TimerCount,
+    /// Bounded queues' depths as last read, for the pressure headers (`backpressure.rs`).
+    depths: backpressure::DepthCache,
     /// Spaces this gateway's progress writes of a job a second apart (`progress.rs`).
     progress: std::sync::Mutex<crate::domain::progress::Throttle>,
     /// Whether the leader logs each job transition (`log_job_transitions`).
@@ -308,6 +313,7 @@ impl Store {
                 timer_horizon_ms: cfg.timer_horizon_ms,
                 max_pending_timers: cfg.max_pending_timers,
                 timer_count: timers::TimerCount::default(),
+                depths: backpressure::DepthCache::default(),
                 progress: std::sync::Mutex::default(),
                 log_job_transitions: cfg.log_job_transitions,
                 stop_waiting: CancellationToken::new(),
@@ -412,6 +418,7 @@ impl Store {
             if name.starts_with(&t.queue_stream_prefix())
                 || name.starts_with(&t.rate_stream_prefix())
                 || name.starts_with(&t.slot_stream_prefix())
+                || name.starts_with(&t.depth_stream_prefix())
             {
                 streams.push(name);
             }

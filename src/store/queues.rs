@@ -19,6 +19,7 @@ use super::error::backend;
 use super::mirror::Mirror;
 use super::puller::Puller;
 use super::topology::{encode_queue, Topology};
+use crate::domain::backpressure::Bound;
 use crate::domain::error::OjsError;
 use crate::domain::lanes::{self, LaneLimits};
 use crate::domain::rate_limit::{Limits, RateLimit};
@@ -52,6 +53,9 @@ pub struct QueueMeta {
     /// Jobs allowed active at once, across every replica (`rate_limit.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u64>,
+    /// Most unfinished jobs, across every replica (`backpressure.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<Bound>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
 }
@@ -82,6 +86,7 @@ impl QueueMeta {
             resumed_at: None,
             rate_limit: None,
             concurrency: None,
+            bound: None,
             created_at: now,
         }
     }
@@ -255,6 +260,58 @@ impl QueueRegistry {
         .map(drop)
     }
 
+    /// Refuses to register `queue` when it is new and `max_queues` are registered (pause,
+    /// resume and configuration register a queue never seen). This replica's view, as for
+    /// PUSH (`admit`).
+    ///
+    /// # Errors
+    /// 400 naming the limit.
+    pub fn admit_new(&self, queue: &str) -> Result<(), OjsError> {
+        let reg = &self.inner;
+        if reg.queues.get(&encode_queue(queue)).is_none() {
+            lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
+        }
+        Ok(())
+    }
+
+    /// The queue's bound, from memory.
+    pub fn bound(&self, queue: &str) -> Option<Bound> {
+        self.inner
+            .queues
+            .get(&encode_queue(queue))
+            .and_then(|m| m.bound)
+    }
+
+    /// Makes `bound` the queue's (its depth stream must exist already), or unbounds it.
+    ///
+    /// # Errors
+    /// 409/503 when the entry kept changing; `backend_error`.
+    pub async fn set_bound(
+        &self,
+        queue: &str,
+        bound: Option<Bound>,
+        now: DateTime<Utc>,
+    ) -> Result<(), OjsError> {
+        self.change_entry(queue, now, |meta| {
+            let changed = meta.bound != bound;
+            meta.bound = bound;
+            changed
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Every bounded queue with its bound, as this replica knows them, by name.
+    pub fn bounded(&self) -> Vec<(String, Bound)> {
+        let mut bounded: Vec<(String, Bound)> = self
+            .list()
+            .into_iter()
+            .filter_map(|m| Some((m.name, m.bound?)))
+            .collect();
+        bounded.sort_by(|a, b| a.0.cmp(&b.0));
+        bounded
+    }
+
     /// Every queue with a concurrency limit, as this replica knows them.
     pub fn concurrency_limited(&self) -> Vec<String> {
         self.list()
@@ -276,10 +333,7 @@ impl QueueRegistry {
         paused: bool,
         now: DateTime<Utc>,
     ) -> Result<(QueueMeta, u64), OjsError> {
-        let reg = &self.inner;
-        if reg.queues.get(&encode_queue(queue)).is_none() {
-            lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
-        }
+        self.admit_new(queue)?;
         self.change_entry(queue, now, |meta| {
             if meta.paused == paused {
                 return false;

@@ -9,17 +9,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::DeleteMessageErrorKind;
-use async_nats::jetstream::ErrorCode;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::Replica;
-use super::error::{backend, server_refused};
+use super::error::{already_deleted, backend, server_refused};
 use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
@@ -70,14 +67,13 @@ impl Store {
     }
 
     /// An operator's queue configuration (admin spec §6.6): the limits become the queue's
-    /// as a job's `rate_limit` makes them.
+    /// as a job's `rate_limit` makes them. A queue never seen is registered, so a queue can
+    /// be configured before its first job.
     ///
     /// # Errors
-    /// 404 for a queue no job was ever written to; `backend_error` when NATS fails.
+    /// 400 past `max_queues`; `backend_error` when NATS fails.
     pub async fn configure_queue(&self, queue: &str, limits: Limits) -> Result<(), OjsError> {
-        if self.inner.queues.lookup(queue).await?.is_none() {
-            return Err(OjsError::not_found("queue", queue));
-        }
+        self.inner.queues.admit_new(queue)?;
         self.apply_limits(queue, limits, Utc::now()).await
     }
 
@@ -222,12 +218,7 @@ impl Store {
             Ok(stream) => match stream.delete_message(sequence).await {
                 Ok(_) => Ok(()),
                 // Freed already (by the sweep, or an earlier try whose answer was lost).
-                Err(err)
-                    if matches!(err.kind(), DeleteMessageErrorKind::JetStream(e)
-                        if e.error_code() == ErrorCode::NO_MESSAGE_FOUND) =>
-                {
-                    Ok(())
-                }
+                Err(err) if already_deleted(&err) => Ok(()),
                 Err(err) => Err(err.to_string()),
             },
             Err(err) => Err(err.to_string()),
@@ -245,60 +236,30 @@ impl Store {
     /// # Errors
     /// When NATS fails; the next sweep repeats it.
     pub async fn sweep_slots(&self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
-        let doing = "reading the running places of a queue";
-        let stream = self
-            .inner
-            .js
-            .get_stream_no_info(self.inner.topology.slot_stream(queue))
-            .await
-            .map_err(backend(doing))?;
-        let consumer = stream
-            .create_consumer(pull::Config {
-                deliver_policy: DeliverPolicy::All,
-                ack_policy: AckPolicy::None,
-                inactive_threshold: Duration::from_secs(10),
-                memory_storage: true,
-                ..Default::default()
-            })
-            .await
-            .map_err(backend(doing))?;
+        let stream = self.inner.topology.slot_stream(queue);
+        let places = self
+            .read_stream_from(&stream, 1, rate_limit::MAX_CONCURRENCY as usize)
+            .await?;
         let mut freed = 0;
-        let mut consumer = consumer;
-        let pending = consumer.info().await.map_err(backend(doing))?.num_pending;
-        let mut messages = consumer
-            .fetch()
-            .max_messages(pending.max(1) as usize)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await
-            .map_err(backend(doing))?;
-        let mut seen = 0;
-        while seen < pending {
-            let Some(message) = messages.next().await else {
-                break;
-            };
-            let message = message.map_err(backend(doing))?;
-            seen += 1;
-            let info = message.info().map_err(backend(doing))?;
-            let sequence = info.stream_sequence;
-            let age = Utc::now().timestamp_millis() as i128
-                - info.published.unix_timestamp_nanos() / 1_000_000;
-            if age < grace.as_millis() as i128 {
+        for place in places {
+            let age = Utc::now().timestamp_millis() - place.published_ms;
+            if age < grace.as_millis() as i64 {
                 continue;
             }
-            let Ok(slot) = serde_json::from_slice::<Slot>(&message.payload) else {
+            let Ok(slot) = serde_json::from_slice::<Slot>(&place.payload) else {
                 continue;
             };
             let held = self
                 .read(&slot.id, Replica::Leader)
                 .await?
-                .is_some_and(|(rec, _)| rate_limit::holds_slot(&rec, slot.dispatch, sequence));
+                .is_some_and(|(rec, _)| {
+                    rate_limit::holds_slot(&rec, slot.dispatch, place.sequence)
+                });
             if !held {
-                self.give_back_slot(queue, sequence).await;
+                self.give_back_slot(queue, place.sequence).await;
                 freed += 1;
             }
         }
-        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
         Ok(freed)
     }
 

@@ -267,6 +267,36 @@ impl Topology {
         }
     }
 
+    /// Prefix of the bounded queues' depth streams, used only by the admin reset.
+    pub fn depth_stream_prefix(&self) -> String {
+        format!("{}-depth-", self.namespace)
+    }
+
+    /// A bounded queue's unfinished jobs, one token each (`store/backpressure.rs`).
+    pub fn depth_stream(&self, queue: &str) -> String {
+        format!("{}{}", self.depth_stream_prefix(), encode_queue(queue))
+    }
+
+    pub fn depth_subject(&self, queue: &str) -> String {
+        format!("{}.depth.{}", self.namespace, encode_queue(queue))
+    }
+
+    /// One token (body: the job id) per unfinished job: NATS refuses a token past
+    /// `max_depth` (discard new); a job's end deletes its token. Stored like the jobs (a NATS
+    /// restart must not forget how full the queue is).
+    pub fn depth_stream_config(&self, queue: &str, max_depth: u64) -> stream::Config {
+        stream::Config {
+            name: self.depth_stream(queue),
+            subjects: vec![self.depth_subject(queue)],
+            retention: RetentionPolicy::Limits,
+            max_messages: max_depth as i64,
+            discard: DiscardPolicy::New,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
+    }
+
     /// One pull consumer per priority in use; FETCH asks them highest first.
     pub fn priority_consumer(priority: i32) -> String {
         format!("p{priority}")

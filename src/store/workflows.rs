@@ -5,6 +5,7 @@
 //! creation or a cancel cut short.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
@@ -107,7 +108,8 @@ impl Store {
             }
             Ok(())
         };
-        self.create_jobs(records, write_workflows).await?;
+        self.create_jobs(records, write_workflows, Duration::ZERO)
+            .await?;
         self.failpoint("workflow.jobs_created").await;
         let root_id = root.0.id.clone();
         let ready = cas::change(

@@ -14,7 +14,7 @@ use crate::store::ClusterTotals;
 /// A counter by queue and type: name, help, and how to read it from a type's totals.
 type CounterSpec = (&'static str, &'static str, fn(&TypeTotals) -> u64);
 
-const COUNTERS: [CounterSpec; 9] = [
+const COUNTERS: [CounterSpec; 10] = [
     (
         "ojs_job_enqueued_total",
         "Jobs enqueued (created available, scheduled or pending)",
@@ -52,8 +52,13 @@ const COUNTERS: [CounterSpec; 9] = [
         |t| t.expired,
     ),
     (
+        "ojs_job_dropped_total",
+        "Jobs discarded by a full bounded queue's drop_oldest (backpressure.dropped)",
+        |t| t.dropped,
+    ),
+    (
         "ojs_job_discarded_total",
-        "Jobs that reached discarded (failed or expired)",
+        "Jobs that reached discarded (failed, expired or dropped)",
         TypeTotals::discarded,
     ),
 ];

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// Cheap to clone: every clone records into the same registry.
@@ -33,6 +33,10 @@ pub struct Metrics {
     leader: IntGauge,
     /// Job spans the OTLP exporter dropped (queue full, collector unreachable).
     trace_spans_dropped: IntCounter,
+    /// PUSHes refused by a queue's bound, by queue (backpressure spec §10.2).
+    backpressure_rejected: IntCounterVec,
+    /// Depth / bound of each bounded queue, as the leader last read it.
+    backpressure_pressure: GaugeVec,
 }
 
 impl Metrics {
@@ -100,6 +104,22 @@ impl Metrics {
             "Job spans not exported: the exporter's queue was full or the OTLP collector did not take them",
         )
         .expect("valid metric");
+        let backpressure_rejected = IntCounterVec::new(
+            Opts::new(
+                "ojs_backpressure_rejected_total",
+                "PUSHes this gateway refused with queue_full because the queue was at its bound",
+            ),
+            &["queue"],
+        )
+        .expect("valid metric");
+        let backpressure_pressure = GaugeVec::new(
+            Opts::new(
+                "ojs_backpressure_pressure",
+                "Unfinished jobs of a bounded queue divided by its bound (0 to 1), read by the leader each second",
+            ),
+            &["queue"],
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
@@ -111,6 +131,8 @@ impl Metrics {
             Box::new(pullers_open.clone()),
             Box::new(leader.clone()),
             Box::new(trace_spans_dropped.clone()),
+            Box::new(backpressure_rejected.clone()),
+            Box::new(backpressure_pressure.clone()),
         ] {
             registry.register(metric).expect("unique metric");
         }
@@ -126,6 +148,22 @@ impl Metrics {
             pullers_open,
             leader,
             trace_spans_dropped,
+            backpressure_rejected,
+            backpressure_pressure,
+        }
+    }
+
+    pub fn backpressure_rejected(&self, queue: &str) {
+        self.backpressure_rejected.with_label_values(&[queue]).inc();
+    }
+
+    /// The pressure on each bounded queue; queues no longer bounded (or led) are dropped.
+    pub fn set_backpressure(&self, pressures: &[(String, f64)]) {
+        self.backpressure_pressure.reset();
+        for (queue, pressure) in pressures {
+            self.backpressure_pressure
+                .with_label_values(&[queue])
+                .set(*pressure);
         }
     }
 

@@ -285,8 +285,10 @@ const checks = [
     await clean();
   }],
 
-  ['a queue is paused, resumed and purged from its page', async () => {
+  ['a queue is paused, resumed and purged from its page, and shows its bound', async () => {
+    await call('PUT', `/ojs/v1/admin/queues/${IMAGES}/config`, { backpressure: { max_depth: 100 } });
     await open(`/queues/${IMAGES}`);
+    await page.locator('[data-testid=queue-bound]').filter({ hasText: 'of 100 places taken (reject)' }).waitFor();
     await page.locator('[data-testid=queue-pause]').click();
     await page.locator('[data-testid=queue-resume]').waitFor();
     expect((await queue(IMAGES)).paused === true, `${IMAGES} is not paused after Pause`);

@@ -419,10 +419,18 @@ impl TestApp {
 
     /// A handle whose requests carry `Authorization: Bearer <key>`.
     pub fn keyed(&self, key: &str) -> TestApp {
+        self.with_header(
+            reqwest::header::AUTHORIZATION.as_str(),
+            &format!("Bearer {key}"),
+        )
+    }
+
+    /// A handle whose requests carry the header `name: value`.
+    pub fn with_header(&self, name: &str, value: &str) -> TestApp {
         let mut headers = HeaderMap::new();
         headers.insert(
-            reqwest::header::AUTHORIZATION,
-            format!("Bearer {key}").parse().unwrap(),
+            reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
         );
         TestApp {
             http: reqwest::Client::builder()

@@ -14,11 +14,12 @@ use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
-use crate::domain::rate_limit::queue_config;
+use crate::domain::queue_config;
 use crate::domain::state::JobState;
 use crate::domain::stats::QueueCounts;
 use crate::domain::time::format;
 use crate::http::extract::JsonObject;
+use crate::http::queues::backpressure_json;
 use crate::http::{respond, ApiError, SharedState};
 use crate::store::QueueMeta;
 
@@ -59,6 +60,7 @@ pub async fn get(
         "rate_limit": meta.and_then(|m| m.rate_limit).map(|r| json!({"limit": r.limit, "window_ms": r.window_ms})),
         "concurrency": meta.and_then(|m| m.concurrency),
         "priorities": meta.map(|m| m.priorities.clone()).unwrap_or_default(),
+        "backpressure": state.store.pressure(&name).await?.map(|p| backpressure_json(&p)),
     });
     body["dead_letter"] = json!(stats.dead);
     if let Some(at) = meta.and_then(|m| m.paused_at) {
@@ -68,15 +70,21 @@ pub async fn get(
 }
 
 /// `PUT /admin/queues/{name}/config` (admin spec §6.6): concurrency and rate limits, in
-/// force on every replica as a job's `rate_limit` makes them; answers the queue's detail.
+/// force on every replica as a job's `rate_limit` makes them, and the queue's bound
+/// (backpressure spec §6.2); answers the queue's detail.
 pub async fn configure(
     State(state): State<SharedState>,
     Path(name): Path<String>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let limits = queue_config(&body, &name)?;
-    state.store.configure_queue(&name, limits).await?;
+    let config = queue_config::parse(&body, &name)?;
+    if let Some(limits) = config.limits {
+        state.store.configure_queue(&name, limits).await?;
+    }
+    if let Some(bound) = config.bound {
+        state.store.configure_bound(&name, bound).await?;
+    }
     get(State(state), Path(name)).await
 }
 

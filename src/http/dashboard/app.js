@@ -568,7 +568,10 @@ function queueView(ctx, name) {
     }, label, count == null ? null : h('span', { class: 'count', 'data-testid': `queue-count-${s}` }, num(count)));
     fill(tabs, tab('all', '', null), ...STATES.map((s) => tab(s, s, counts[s])));
     const t = q.throughput || {};
+    const bound = (q.configuration || {}).backpressure;
     fill(facts,
+      bound ? h('span', { 'data-testid': 'queue-bound' },
+        `${num(bound.depth)} of ${num(bound.max_depth)} places taken (${bound.strategy}) · `) : null,
       `${num(t.processed_per_minute)} done/min · ${num(t.failed_per_minute)} failed/min · `,
       h('a', { href: `#/dead-letter?queue=${enc(name)}` }, `${num(q.dead_letter)} in the dead letter queue`),
       q.paused && q.paused_at ? [' · paused ', relative(q.paused_at)] : null,

@@ -1,0 +1,437 @@
+//! Bounded queues (docs/architecture.md §3.27). A bounded queue has a depth stream in NATS
+//! holding one token per unfinished job; NATS refuses a token once the stream holds
+//! `max_depth` (discard new), so the bound holds across every replica with one publish per
+//! job and nothing to count. A PUSH takes its jobs' tokens before anything else is written;
+//! the leader deletes a job's token when the job finishes, and frees tokens whose job never
+//! came to be. Queues without a bound never touch it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::IntoFuture;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::future::join_all;
+use tracing::warn;
+
+use super::cas::Replica;
+use super::error::{already_deleted, backend, server_refused};
+use super::{ensure_stream, Store};
+use crate::domain::backpressure::{self, Bound, BoundChange, Overflow};
+use crate::domain::envelope::parse_job_id;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::event::backpressure_event;
+use crate::domain::job::JobRecord;
+use crate::domain::lifecycle;
+use crate::domain::listing::ListQuery;
+use crate::domain::state::JobState;
+
+/// How long a PUSH's read of a queue's depth serves the next ones (the pressure headers).
+const DEPTH_TTL: Duration = Duration::from_millis(250);
+/// Pause between a blocked PUSH's tries for room.
+const BLOCK_PAUSE: Duration = Duration::from_millis(100);
+/// Rounds of dropping a `drop_oldest` PUSH makes before it is refused (PUSHes racing for
+/// the places it made).
+const DROP_ROUNDS: usize = 3;
+/// Records read at once by the sweep.
+const SWEEP_AT_ONCE: usize = 64;
+
+/// A depth token a PUSH took.
+pub(super) struct Token {
+    queue: String,
+    sequence: u64,
+    /// The job it was taken for.
+    id: String,
+}
+
+/// How full a bounded queue is.
+#[derive(Debug, Clone)]
+pub struct Pressure {
+    pub queue: String,
+    pub depth: u64,
+    pub bound: Bound,
+}
+
+/// Each queue's depth as this gateway last read it, and when.
+#[derive(Default)]
+pub(super) struct DepthCache(std::sync::Mutex<HashMap<String, (Instant, u64)>>);
+
+impl Store {
+    /// An operator's bound for `queue` (backpressure spec §6.2): its depth stream created or
+    /// its limit changed first, then the registry entry every replica's PUSH follows.
+    /// Unbounding keeps the stream: the tokens of jobs taken under the bound are still
+    /// deleted as those jobs finish, so a bound set again counts them. A queue never seen
+    /// is registered: a queue can be bounded before its first job.
+    ///
+    /// # Errors
+    /// 400 past `max_queues`; `backend_error` when NATS fails.
+    pub async fn configure_bound(&self, queue: &str, change: BoundChange) -> Result<(), OjsError> {
+        self.inner.queues.admit_new(queue)?;
+        let bound = match change {
+            BoundChange::Set(bound) => {
+                let config = self
+                    .inner
+                    .topology
+                    .depth_stream_config(queue, bound.max_depth);
+                ensure_stream(&self.inner.js, config).await?;
+                Some(bound)
+            }
+            BoundChange::Remove => None,
+        };
+        self.inner.queues.set_bound(queue, bound, Utc::now()).await
+    }
+
+    /// PUSH: one token per job of a bounded queue, each record naming its token, all or
+    /// none. Where a queue is full: a `block` queue is tried again every 100 ms until
+    /// `block` has passed; then (or at once) every token taken is given back and the PUSH
+    /// is refused with 429 `queue_full`, announced by `backpressure.rejected`.
+    ///
+    /// # Errors
+    /// 429 `queue_full`; `backend_error` when NATS fails.
+    pub(super) async fn take_depth_tokens(
+        &self,
+        records: &mut [JobRecord],
+        block: Duration,
+    ) -> Result<Vec<Token>, OjsError> {
+        let mut bounds: BTreeMap<&str, Option<Bound>> = BTreeMap::new();
+        for rec in records.iter() {
+            bounds.entry(rec.job.queue.as_str()).or_insert(None);
+        }
+        for (queue, bound) in bounds.iter_mut() {
+            *bound = self.inner.queues.bound(queue);
+        }
+        let bounds: BTreeMap<String, Bound> = bounds
+            .into_iter()
+            .filter_map(|(q, b)| Some((q.to_owned(), b?)))
+            .collect();
+        if bounds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let until = Instant::now() + block;
+        let mut round = 0;
+        loop {
+            let doing = "taking a place in a bounded queue";
+            let mut acks = Vec::new();
+            for (index, rec) in records.iter().enumerate() {
+                if bounds.contains_key(&rec.job.queue) {
+                    let subject = self.inner.topology.depth_subject(&rec.job.queue);
+                    let body = bytes::Bytes::from(rec.job.id.clone());
+                    let ack = self
+                        .inner
+                        .js
+                        .publish(subject, body)
+                        .await
+                        .map_err(backend(doing))?;
+                    acks.push((index, ack.into_future()));
+                }
+            }
+            let (indices, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+            let mut taken = Vec::new();
+            // Tokens refused, by queue.
+            let mut full: BTreeMap<String, usize> = BTreeMap::new();
+            let mut failed = None;
+            for (index, ack) in indices.into_iter().zip(join_all(acks).await) {
+                let queue = &records[index].job.queue;
+                match ack {
+                    Ok(ack) => {
+                        records[index].depth_token = Some(ack.sequence);
+                        taken.push(Token {
+                            queue: queue.clone(),
+                            sequence: ack.sequence,
+                            id: records[index].job.id.clone(),
+                        });
+                    }
+                    Err(err) if server_refused(&err) => {
+                        *full.entry(queue.clone()).or_default() += 1
+                    }
+                    Err(err) => failed = Some(backend(doing)(err)),
+                }
+            }
+            if full.is_empty() && failed.is_none() {
+                self.count_taken(&taken);
+                return Ok(taken);
+            }
+            self.give_back_depth_tokens(&taken).await;
+            records.iter_mut().for_each(|r| r.depth_token = None);
+            if let Some(err) = failed {
+                return Err(err);
+            }
+            // A queue that refuses for good, decided before any job is dropped.
+            let mut refusing = full.keys().find(|q| match bounds[*q].strategy {
+                Overflow::Reject => true,
+                Overflow::Block => Instant::now() + BLOCK_PAUSE >= until,
+                Overflow::DropOldest => round >= DROP_ROUNDS,
+            });
+            if refusing.is_none() {
+                for (queue, &needed) in &full {
+                    if bounds[queue].strategy == Overflow::DropOldest
+                        && self.drop_oldest(queue, needed).await? < needed
+                    {
+                        refusing = Some(queue);
+                        break;
+                    }
+                }
+            }
+            if let Some(queue) = refusing {
+                return Err(self.refuse(queue, &bounds[queue], records).await);
+            }
+            if full.keys().any(|q| bounds[q].strategy == Overflow::Block) {
+                tokio::time::sleep(BLOCK_PAUSE).await;
+            }
+            round += 1;
+        }
+    }
+
+    /// The refusal of a PUSH by `queue`'s bound: its depth now, `backpressure.rejected`
+    /// published (best effort), 429 `queue_full`.
+    async fn refuse(&self, queue: &str, bound: &Bound, records: &[JobRecord]) -> OjsError {
+        let depth = self.depth_now(queue).await.unwrap_or(bound.max_depth);
+        let job_type = records
+            .iter()
+            .find(|r| r.job.queue == queue)
+            .map(|r| r.job.job_type.as_str());
+        let event = backpressure_event(
+            "backpressure.rejected",
+            bound.event_data(queue, depth, job_type),
+            uuid::Uuid::now_v7(),
+            Utc::now(),
+            &self.inner.source,
+        );
+        if let Err(err) = self.publish_events(&[event]).await {
+            warn!(queue, error = %err, "could not announce a refused PUSH");
+        }
+        bound.full(queue, depth)
+    }
+
+    /// `drop_oldest`: discards up to `wanted` of `queue`'s oldest available jobs (a listing,
+    /// oldest first) and deletes their tokens; a job claimed or changed meanwhile is passed
+    /// over. Answers how many were dropped.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    async fn drop_oldest(&self, queue: &str, wanted: usize) -> Result<usize, OjsError> {
+        let mut query = ListQuery::of(Some(queue.to_owned()), Some(JobState::Available), None);
+        let mut dropped = 0;
+        loop {
+            let page = self.list_jobs(&query).await?;
+            for job in &page.jobs {
+                if dropped == wanted {
+                    return Ok(dropped);
+                }
+                let settled = self
+                    .transition(&job.id, |rec, now| {
+                        lifecycle::drop_overflow(rec, now).map(Some)
+                    })
+                    .await;
+                match settled {
+                    Ok(settled) => {
+                        dropped += 1;
+                        if let Some(sequence) = settled.after.depth_token {
+                            self.delete_depth_tokens([(queue, sequence)]).await?;
+                        }
+                    }
+                    Err(err) if err.code == ErrorCode::Conflict => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            match page.next {
+                Some(next) if dropped < wanted => query.cursor = Some(next),
+                _ => return Ok(dropped),
+            }
+        }
+    }
+
+    /// Gives back the tokens of a PUSH that was refused. Best effort: a token left behind
+    /// is freed by the leader's sweep.
+    pub(super) async fn give_back_depth_tokens(&self, taken: &[Token]) {
+        let freed = taken.iter().map(|t| (t.queue.as_str(), t.sequence));
+        if let Err(err) = self.delete_depth_tokens(freed).await {
+            warn!(error = %err, "could not give back a refused PUSH's places; the leader's sweep will");
+        }
+    }
+
+    /// Gives back the tokens of a PUSH that failed after taking them, except those whose
+    /// job exists after all (a write that landed though its answer was lost, a committed
+    /// batch whose messages the repair will publish). Best effort, like the give-back.
+    pub(super) async fn give_back_unheld(&self, taken: &[Token]) {
+        let tokens = taken.iter().map(|t| (t.id.as_str(), t.sequence));
+        match self.unheld(tokens).await {
+            Ok(unheld) => {
+                let freed = unheld
+                    .into_iter()
+                    .map(|i| (taken[i].queue.as_str(), taken[i].sequence));
+                if let Err(err) = self.delete_depth_tokens(freed).await {
+                    warn!(error = %err, "could not give back a failed PUSH's places; the leader's sweep will");
+                }
+            }
+            Err(err) => {
+                warn!(error = %err, "could not check a failed PUSH's places; the leader's sweep will")
+            }
+        }
+    }
+
+    /// Of the tokens `(job id, sequence)`, the positions of those whose job does not hold
+    /// them, its record read on the stream leader.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    async fn unheld<'a>(
+        &self,
+        tokens: impl Iterator<Item = (&'a str, u64)>,
+    ) -> Result<Vec<usize>, OjsError> {
+        let tokens: Vec<(&str, u64)> = tokens.collect();
+        let mut unheld = Vec::new();
+        for (chunk, some) in tokens.chunks(SWEEP_AT_ONCE).enumerate() {
+            // A body that is no job id (not written by a PUSH) names no job.
+            let reads = some.iter().map(|(id, _)| async move {
+                match parse_job_id(id) {
+                    Some(id) => self.read(&id, Replica::Leader).await,
+                    None => Ok(None),
+                }
+            });
+            for (i, read) in join_all(reads).await.into_iter().enumerate() {
+                let sequence = some[i].1;
+                if !read?.is_some_and(|(rec, _)| backpressure::holds(&rec, sequence)) {
+                    unheld.push(chunk * SWEEP_AT_ONCE + i);
+                }
+            }
+        }
+        Ok(unheld)
+    }
+
+    /// Deletes the tokens `(queue, sequence)`, concurrently; one deleted already (by the
+    /// sweep, or an earlier try whose answer was lost) counts as deleted.
+    ///
+    /// # Errors
+    /// When NATS fails; repeating it is harmless.
+    pub async fn delete_depth_tokens<'a>(
+        &self,
+        tokens: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Result<(), OjsError> {
+        let doing = "freeing a place in a bounded queue";
+        let deletes = tokens.into_iter().map(|(queue, sequence)| async move {
+            let stream = self
+                .inner
+                .js
+                .get_stream_no_info(self.inner.topology.depth_stream(queue))
+                .await
+                .map_err(backend(doing))?;
+            match stream.delete_message(sequence).await {
+                Ok(_) => Ok(()),
+                Err(err) if already_deleted(&err) => Ok(()),
+                Err(err) => Err(backend(doing)(err)),
+            }
+        });
+        join_all(deletes).await.into_iter().collect()
+    }
+
+    /// How full `queue` is, when it is bounded: its depth read at most `DEPTH_TTL` ago, plus
+    /// the tokens this gateway took since.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn pressure(&self, queue: &str) -> Result<Option<Pressure>, OjsError> {
+        let Some(bound) = self.inner.queues.bound(queue) else {
+            return Ok(None);
+        };
+        let cached = self
+            .inner
+            .depths
+            .0
+            .lock()
+            .expect("depth cache lock")
+            .get(queue)
+            .copied();
+        let depth = match cached {
+            Some((read, depth)) if read.elapsed() < DEPTH_TTL => depth,
+            _ => self.depth_now(queue).await?,
+        };
+        Ok(Some(Pressure {
+            queue: queue.to_owned(),
+            depth,
+            bound,
+        }))
+    }
+
+    /// Adds a PUSH's own tokens to the depths this gateway read last, so its next answers'
+    /// pressure headers count them before the next read.
+    fn count_taken(&self, taken: &[Token]) {
+        let mut depths = self.inner.depths.0.lock().expect("depth cache lock");
+        for token in taken {
+            if let Some((_, depth)) = depths.get_mut(&token.queue) {
+                *depth += 1;
+            }
+        }
+    }
+
+    /// `queue`'s depth now: the tokens in its depth stream (one stream info).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn depth_now(&self, queue: &str) -> Result<u64, OjsError> {
+        let stream = self
+            .inner
+            .js
+            .get_stream(self.inner.topology.depth_stream(queue))
+            .await
+            .map_err(backend("reading the depth of a bounded queue"))?;
+        let depth = stream.cached_info().state.messages;
+        self.inner
+            .depths
+            .0
+            .lock()
+            .expect("depth cache lock")
+            .insert(queue.to_owned(), (Instant::now(), depth));
+        Ok(depth)
+    }
+
+    /// Every bounded queue with its bound, as this replica knows them.
+    pub fn bounded_queues(&self) -> Vec<(String, Bound)> {
+        self.inner.queues.bounded()
+    }
+
+    /// How old a token must be before the sweep may free it: older than any PUSH still
+    /// between its tokens and its records (a batch may take `batch_grace_ms`).
+    pub fn token_grace(&self) -> Duration {
+        self.inner.batch_grace + 2 * self.inner.nats_timeout
+    }
+
+    /// Leader: looks at `queue`'s tokens from sequence `from` on, at most `max` of them and
+    /// only those older than `grace`, and deletes each whose job does not hold it (a PUSH
+    /// that died between its tokens and its records, a refused one whose give-back was
+    /// lost). A token held when looked at stays held until its job finishes, so each is
+    /// looked at once: the answer is where the next look starts, and how many were freed.
+    ///
+    /// # Errors
+    /// When NATS fails; the next sweep repeats it.
+    pub async fn sweep_depth_tokens(
+        &self,
+        queue: &str,
+        from: u64,
+        grace: Duration,
+        max: usize,
+    ) -> Result<(u64, usize), OjsError> {
+        let stream = self.inner.topology.depth_stream(queue);
+        let tokens = self.read_stream_from(&stream, from, max).await?;
+        let now_ms = Utc::now().timestamp_millis();
+        let old: Vec<_> = tokens
+            .into_iter()
+            .take_while(|t| now_ms - t.published_ms >= grace.as_millis() as i64)
+            .collect();
+        let next = old.last().map_or(from, |t| t.sequence + 1);
+        let ids = old.iter().map(|t| {
+            (
+                std::str::from_utf8(&t.payload).unwrap_or_default(),
+                t.sequence,
+            )
+        });
+        let leaked: Vec<(&str, u64)> = self
+            .unheld(ids)
+            .await?
+            .into_iter()
+            .map(|i| (queue, old[i].sequence))
+            .collect();
+        let freed = leaked.len();
+        self.delete_depth_tokens(leaked).await?;
+        Ok((next, freed))
+    }
+}

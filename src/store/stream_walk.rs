@@ -1,0 +1,81 @@
+//! Reading a stream's messages in order from a sequence, for the leader's sweeps of running
+//! places (`rate_limit.rs`) and depth tokens (`backpressure.rs`).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use futures::StreamExt;
+
+use super::error::backend;
+use super::Store;
+use crate::domain::error::OjsError;
+
+/// A message as stored.
+pub(super) struct Stored {
+    pub sequence: u64,
+    /// When NATS stored it, Unix milliseconds.
+    pub published_ms: i64,
+    pub payload: bytes::Bytes,
+}
+
+impl Store {
+    /// At most `max` messages of `stream` from sequence `from` on, in order, through an
+    /// ephemeral consumer (memory, no acks) deleted afterwards.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub(super) async fn read_stream_from(
+        &self,
+        stream: &str,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<Stored>, OjsError> {
+        let doing = "reading a stream in order";
+        let stream = self
+            .inner
+            .js
+            .get_stream_no_info(stream)
+            .await
+            .map_err(backend(doing))?;
+        let deliver_policy = match from {
+            0 | 1 => DeliverPolicy::All,
+            start_sequence => DeliverPolicy::ByStartSequence { start_sequence },
+        };
+        let mut consumer = stream
+            .create_consumer(pull::Config {
+                deliver_policy,
+                ack_policy: AckPolicy::None,
+                inactive_threshold: Duration::from_secs(10),
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend(doing))?;
+        let pending =
+            (consumer.info().await.map_err(backend(doing))?.num_pending as usize).min(max);
+        let mut stored = Vec::with_capacity(pending);
+        if pending > 0 {
+            let mut messages = consumer
+                .fetch()
+                .max_messages(pending)
+                .expires(Duration::from_secs(1))
+                .messages()
+                .await
+                .map_err(backend(doing))?;
+            while stored.len() < pending {
+                let Some(message) = messages.next().await else {
+                    break;
+                };
+                let message = message.map_err(backend(doing))?;
+                let info = message.info().map_err(backend(doing))?;
+                stored.push(Stored {
+                    sequence: info.stream_sequence,
+                    published_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
+                    payload: message.payload.clone(),
+                });
+            }
+        }
+        let _ = stream.delete_consumer(&consumer.cached_info().name).await;
+        Ok(stored)
+    }
+}

@@ -309,6 +309,19 @@ impl Gateway {
 
     /// Batch PUSH of `jobs` jobs whose queue allows `limit` starts a second; each carries
     /// `[index, enqueue time]` as args.
+    /// Bounds `queue` at `max_depth` unfinished jobs (admin API).
+    pub async fn bound(&self, queue: &str, max_depth: usize) {
+        let body = json!({"backpressure": {"max_depth": max_depth}});
+        let path = format!("/ojs/v1/admin/queues/{queue}/config");
+        match self
+            .send(Method::PUT, &path, Bytes::from(body.to_string()))
+            .await
+        {
+            Ok((status, _)) if status.is_success() => {}
+            other => fail(&format!("cannot bound the queue {queue}: {other:?}")),
+        }
+    }
+
     pub async fn enqueue_limited(
         &self,
         queue: &str,

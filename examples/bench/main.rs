@@ -8,7 +8,8 @@
 //!     [--nats nats://127.0.0.1:4222] [--namespace ojs] [--jobs 20000] [--producers 64]
 //!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
 //!     [--latency-workers 8]
-//!     [--scenarios enqueue,drain,e2e,latency[,memory][,timers][,workflow][,rate-limit][,stats]]
+//!     [--scenarios enqueue,drain,e2e,latency[,bounded][,memory][,timers][,workflow]
+//!     [,rate-limit][,stats]]
 //!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
 //!     [--workflow-steps 1000] [--workflow-members 10000] [--rate-limit 200]
 //!     [--stats-jobs 1000000]
@@ -25,7 +26,8 @@
 //! step's ACK answered → the next step handed out), `workflow-fan-in` the time from a
 //! batch's last member ACK to its callback handed out. `rate-limit` drains ten seconds'
 //! worth of jobs of a queue limited to `--rate-limit` starts a second (its jobs/s against
-//! the limit); `stats` stores `--stats-jobs` jobs and times 1000 reads each of the queue's
+//! the limit); `bounded` is `e2e` through a queue bounded at twice its jobs (every PUSH
+//! takes a place, none is refused), against the floor's `e2e` (run `e2e` with it); `stats` stores `--stats-jobs` jobs and times 1000 reads each of the queue's
 //! statistics, the admin listing's first page (newest and oldest first) and the aggregate
 //! admin statistics.
 
@@ -113,6 +115,9 @@ async fn main() {
         bench.run_through(true, "e2e", single, s.workers).await;
         bench.run_through(false, "e2e", single, s.workers).await;
         bench.http_only().await;
+    }
+    if s.wants("bounded") {
+        bench.bounded(single, s.workers).await;
     }
     if s.wants("latency") {
         let paced = Load {

@@ -277,6 +277,20 @@ impl Bench {
         self.outcomes.push(outcome);
     }
 
+    /// `e2e` through a bounded queue whose bound is never reached: what taking and freeing
+    /// a place costs a job (architecture §3.27), quoted against the floor's `e2e`.
+    pub async fn bounded(&mut self, load: Load, workers: usize) {
+        let Side::Gateway(gw, _) = &self.gateway else {
+            unreachable!("the gateway side talks HTTP")
+        };
+        gw.bound(&self.gateway.queue("bounded"), 2 * load.jobs)
+            .await;
+        self.run_through(false, "bounded", load, workers).await;
+        if let Some(outcome) = self.outcomes.last_mut() {
+            outcome.floor = Some("floor-e2e".into());
+        }
+    }
+
     /// `e2e`'s requests answered without NATS work (`Gateway::http_only`), compared with the
     /// floor's `e2e`: the share of the machine HTTP alone takes.
     pub async fn http_only(&mut self) {

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
@@ -318,6 +319,12 @@ impl Store {
             match stream.delete_message(sequence).await {
                 Ok(_) => Ok(()),
                 Err(err) if already_deleted(&err) => Ok(()),
+                // Refused for another reason: repeating it would hold up the event
+                // publisher for good; the token stays until a sweep of a later leadership.
+                Err(err) if matches!(err.kind(), DeleteMessageErrorKind::JetStream(_)) => {
+                    warn!(queue, sequence, error = %err, "NATS refused to free a place in a bounded queue");
+                    Ok(())
+                }
                 Err(err) => Err(backend(doing)(err)),
             }
         });

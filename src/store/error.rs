@@ -112,11 +112,13 @@ fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Whether a message delete found nothing to delete: deleted before (an earlier try whose
 /// answer was lost, a sweep, retention) or its stream gone. NATS answers a missing message
-/// with 10057 "no message found", not 10037.
+/// of a file stream with 10057 "no message found", of a memory stream with 10043 "sequence
+/// not found".
 pub fn already_deleted(err: &DeleteMessageError) -> bool {
     match err.kind() {
         DeleteMessageErrorKind::JetStream(e) => {
             e.error_code() == NatsCode::NO_MESSAGE_FOUND
+                || e.error_code() == NatsCode::SEQUENCE_NOT_FOUND
                 || e.error_code() == NatsCode::STREAM_NOT_FOUND
                 || e.to_string().contains("no message found")
         }

@@ -282,8 +282,9 @@ impl Topology {
     }
 
     /// One token (body: the job id) per unfinished job: NATS refuses a token past
-    /// `max_depth` (discard new); a job's end deletes its token. Stored like the jobs (a NATS
-    /// restart must not forget how full the queue is).
+    /// `max_depth` (discard new); a job's end deletes its token. In memory: deleting from a
+    /// file stream is too slow on nats-server 2.11+ for the leader to keep up (architecture
+    /// §3.27); a restart of every NATS node forgets the tokens, and the queue counts from 0.
     pub fn depth_stream_config(&self, queue: &str, max_depth: u64) -> stream::Config {
         stream::Config {
             name: self.depth_stream(queue),
@@ -291,7 +292,7 @@ impl Topology {
             retention: RetentionPolicy::Limits,
             max_messages: max_depth as i64,
             discard: DiscardPolicy::New,
-            storage: self.storage,
+            storage: StorageType::Memory,
             num_replicas: self.replicas,
             ..Default::default()
         }

@@ -291,6 +291,21 @@ async fn a_drop_oldest_queue_discards_its_oldest_waiting_job_for_a_new_one() {
     app.post("/ojs/v1/jobs", on("bp-drop"))
         .await
         .assert_error(429, "queue_full");
+    // A PUSH refused anyway drops nothing: more jobs than the bound, or than are available.
+    bound(
+        &app,
+        "bp-drop",
+        json!({"max_depth": 3, "strategy": "drop_oldest"}),
+    )
+    .await;
+    let waiting = app.enqueue(on("bp-drop")).await;
+    for jobs in [4, 2] {
+        let batch: Vec<Value> = (0..jobs).map(|_| on("bp-drop")).collect();
+        app.post("/ojs/v1/jobs/batch", json!({ "jobs": batch }))
+            .await
+            .assert_error(429, "queue_full");
+        assert_eq!(app.job(&waiting).await["state"], "available", "{jobs} jobs");
+    }
     eventually(
         Duration::from_secs(5),
         "the dropped job in the job metrics",

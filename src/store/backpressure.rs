@@ -107,6 +107,13 @@ impl Store {
         if bounds.is_empty() {
             return Ok(Vec::new());
         }
+        // More jobs than the bound: no strategy can make room for them.
+        for (queue, bound) in &bounds {
+            let jobs = records.iter().filter(|r| &r.job.queue == queue).count();
+            if jobs as u64 > bound.max_depth {
+                return Err(self.refuse(queue, bound, records).await);
+            }
+        }
         let until = Instant::now() + block;
         let mut round = 0;
         loop {
@@ -157,26 +164,27 @@ impl Store {
                 return Err(err);
             }
             // A queue that refuses for good, decided before any job is dropped.
-            let mut refusing = full.keys().find(|q| match bounds[*q].strategy {
+            let refusing = full.keys().find(|q| match bounds[*q].strategy {
                 Overflow::Reject => true,
-                Overflow::Block => Instant::now() + BLOCK_PAUSE >= until,
+                Overflow::Block => false,
                 Overflow::DropOldest => round >= DROP_ROUNDS,
             });
-            if refusing.is_none() {
-                for (queue, &needed) in &full {
-                    if bounds[queue].strategy == Overflow::DropOldest
-                        && self.drop_oldest(queue, needed).await? < needed
-                    {
-                        refusing = Some(queue);
-                        break;
-                    }
-                }
-            }
             if let Some(queue) = refusing {
                 return Err(self.refuse(queue, &bounds[queue], records).await);
             }
-            if full.keys().any(|q| bounds[q].strategy == Overflow::Block) {
-                tokio::time::sleep(BLOCK_PAUSE).await;
+            for (queue, &needed) in &full {
+                if bounds[queue].strategy == Overflow::Block
+                    && !self.wait_for_room(queue, needed, until).await?
+                {
+                    return Err(self.refuse(queue, &bounds[queue], records).await);
+                }
+            }
+            for (queue, &needed) in &full {
+                if bounds[queue].strategy == Overflow::DropOldest
+                    && self.drop_oldest(queue, needed).await? == 0
+                {
+                    return Err(self.refuse(queue, &bounds[queue], records).await);
+                }
             }
             round += 1;
         }
@@ -203,42 +211,76 @@ impl Store {
         bound.full(queue, depth)
     }
 
-    /// `drop_oldest`: discards up to `wanted` of `queue`'s oldest available jobs (a listing,
-    /// oldest first) and deletes their tokens; a job claimed or changed meanwhile is passed
-    /// over. Answers how many were dropped.
+    /// `block`: waits until `queue` looks to have room for `needed` more jobs, by the depth
+    /// this gateway reads at most every `DEPTH_TTL` whatever the number of PUSHes waiting;
+    /// `false` when `until` passes first.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    async fn wait_for_room(
+        &self,
+        queue: &str,
+        needed: usize,
+        until: Instant,
+    ) -> Result<bool, OjsError> {
+        loop {
+            if Instant::now() + BLOCK_PAUSE >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(BLOCK_PAUSE).await;
+            let Some(p) = self.pressure(queue).await? else {
+                // Unbounded meanwhile.
+                return Ok(true);
+            };
+            if p.depth + needed as u64 <= p.bound.max_depth {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// `drop_oldest`: discards `wanted` of `queue`'s oldest available jobs (a listing,
+    /// oldest first) and deletes their tokens — none when fewer are available, so a PUSH
+    /// that is refused anyway drops nothing; a job claimed or changed meanwhile is passed
+    /// over (the PUSH tries again, up to `DROP_ROUNDS`). Answers how many were dropped.
     ///
     /// # Errors
     /// When NATS fails.
     async fn drop_oldest(&self, queue: &str, wanted: usize) -> Result<usize, OjsError> {
         let mut query = ListQuery::of(Some(queue.to_owned()), Some(JobState::Available), None);
-        let mut dropped = 0;
-        loop {
+        let mut oldest = Vec::with_capacity(wanted);
+        while oldest.len() < wanted {
             let page = self.list_jobs(&query).await?;
-            for job in &page.jobs {
-                if dropped == wanted {
-                    return Ok(dropped);
-                }
-                let settled = self
-                    .transition(&job.id, |rec, now| {
-                        lifecycle::drop_overflow(rec, now).map(Some)
-                    })
-                    .await;
-                match settled {
-                    Ok(settled) => {
-                        dropped += 1;
-                        if let Some(sequence) = settled.after.depth_token {
-                            self.delete_depth_tokens([(queue, sequence)]).await?;
-                        }
-                    }
-                    Err(err) if err.code == ErrorCode::Conflict => {}
-                    Err(err) => return Err(err),
-                }
-            }
+            oldest.extend(
+                page.jobs
+                    .into_iter()
+                    .map(|j| j.id)
+                    .take(wanted - oldest.len()),
+            );
             match page.next {
-                Some(next) if dropped < wanted => query.cursor = Some(next),
-                _ => return Ok(dropped),
+                Some(next) => query.cursor = Some(next),
+                None => break,
             }
         }
+        if oldest.len() < wanted {
+            return Ok(0);
+        }
+        let mut dropped = 0;
+        for id in &oldest {
+            let settled = self
+                .transition(id, |rec, now| lifecycle::drop_overflow(rec, now).map(Some))
+                .await;
+            match settled {
+                Ok(settled) => {
+                    dropped += 1;
+                    if let Some(sequence) = settled.after.depth_token {
+                        self.delete_depth_tokens([(queue, sequence)]).await?;
+                    }
+                }
+                Err(err) if err.code == ErrorCode::Conflict => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(dropped)
     }
 
     /// Gives back the tokens of a PUSH that was refused. Best effort: a token left behind

@@ -291,6 +291,34 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The settings as `GET /admin/system/config` shows them (admin spec §12.2): every one,
+    /// except that API keys are counted, NATS secrets say only whether they are set, and
+    /// a user and password in `nats_url` are masked.
+    pub fn public(&self) -> serde_json::Value {
+        let mut view = serde_json::to_value(self).expect("settings serialize");
+        let set =
+            |secret: &Secret| serde_json::Value::from(if secret.is_set() { "(set)" } else { "" });
+        view["api_keys"] = serde_json::json!({"count": self.api_keys.0.len()});
+        view["admin_api_keys"] = serde_json::json!({"count": self.admin_api_keys.0.len()});
+        view["nats_password"] = set(&self.nats_password);
+        view["nats_token"] = set(&self.nats_token);
+        view["nats_nkey_seed"] = set(&self.nats_nkey_seed);
+        view["nats_url"] = serde_json::Value::from(
+            self.nats_url
+                .split(',')
+                .map(|server| match server.split_once('@') {
+                    Some((before, host)) => match before.split_once("://") {
+                        Some((scheme, _)) => format!("{scheme}://***@{host}"),
+                        None => format!("***@{host}"),
+                    },
+                    None => server.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        view
+    }
+
     /// Loads defaults ← TOML file ← `OJS_*` variables, then validates.
     ///
     /// # Errors
@@ -676,6 +704,30 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn the_public_settings_show_no_secret() {
+        let config = Config {
+            nats_url: "nats://ops:hunter2@a:4222,nats://b:4222,tls://tok3n@c:4222".into(),
+            api_keys: KeyList(vec!["k".repeat(32), "j".repeat(32)]),
+            nats_password: Secret("pw-value".into()),
+            nats_token: Secret(String::new()),
+            ..Config::default()
+        };
+        let view = config.public();
+        let text = view.to_string();
+        for secret in ["hunter2", "tok3n", "kkkk", "jjjj", "pw-value"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(
+            view["nats_url"],
+            "nats://***@a:4222,nats://b:4222,tls://***@c:4222"
+        );
+        assert_eq!(view["api_keys"]["count"], 2);
+        assert_eq!(view["nats_password"], "(set)");
+        assert_eq!(view["nats_token"], "");
+        assert_eq!(view["max_queues"], config.max_queues);
     }
 
     #[test]

@@ -441,6 +441,23 @@ async fn the_dashboard_is_served_to_anyone_and_its_api_calls_need_the_admin_key(
         app.keyed(ADMIN_KEY).get("/ojs/v1/admin/stats").await.status,
         200
     );
+    // The settings in force, for the admin keys only, with no key in them.
+    app.keyed(DATA_KEY)
+        .get("/ojs/v1/admin/system/config")
+        .await
+        .assert_error(403, "permission_denied");
+    let config = app
+        .keyed(ADMIN_KEY)
+        .get("/ojs/v1/admin/system/config")
+        .await;
+    assert_eq!(config.status, 200, "{}", config.body);
+    assert_eq!(config.body["admin_api_keys"]["count"], 1);
+    assert_eq!(config.body["namespace"], "ojs");
+    let text = config.body.to_string();
+    assert!(
+        !text.contains(ADMIN_KEY) && !text.contains(DATA_KEY),
+        "{text}"
+    );
     app.stop().await;
 }
 

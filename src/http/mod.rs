@@ -246,6 +246,12 @@ pub fn router(state: SharedState) -> Router {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/system/config",
+            "The settings in force, without secrets",
+            admin::system::config,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/admin/queues",
             "Queues with their counts",
             admin::queues::list,

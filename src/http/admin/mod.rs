@@ -6,6 +6,7 @@ pub mod dead_letter;
 pub mod jobs;
 pub mod queues;
 pub mod stats;
+pub mod system;
 pub mod workers;
 
 use axum::extract::State;

@@ -5,7 +5,7 @@
 //! the leader deletes a job's token when the job finishes, and frees tokens whose job never
 //! came to be. Queues without a bound never touch it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
@@ -82,9 +82,11 @@ impl Store {
     }
 
     /// PUSH: one token per job of a bounded queue, each record naming its token, all or
-    /// none. Where a queue is full: a `block` queue is tried again every 100 ms until
-    /// `block` has passed; then (or at once) every token taken is given back and the PUSH
-    /// is refused with 429 `queue_full`, announced by `backpressure.rejected`.
+    /// none. Where a queue is full, every token taken is given back, then by the queue's
+    /// strategy the PUSH is refused at once (`reject`), waits up to `block` for room
+    /// (`block`), or drops as many of the queue's oldest available jobs (`drop_oldest`), and
+    /// tries again; a PUSH refused for good gets 429 `queue_full`, announced by
+    /// `backpressure.rejected`.
     ///
     /// # Errors
     /// 429 `queue_full`; `backend_error` when NATS fails.
@@ -93,16 +95,10 @@ impl Store {
         records: &mut [JobRecord],
         block: Duration,
     ) -> Result<Vec<Token>, OjsError> {
-        let mut bounds: BTreeMap<&str, Option<Bound>> = BTreeMap::new();
-        for rec in records.iter() {
-            bounds.entry(rec.job.queue.as_str()).or_insert(None);
-        }
-        for (queue, bound) in bounds.iter_mut() {
-            *bound = self.inner.queues.bound(queue);
-        }
-        let bounds: BTreeMap<String, Bound> = bounds
+        let queues: BTreeSet<&str> = records.iter().map(|r| r.job.queue.as_str()).collect();
+        let bounds: BTreeMap<String, Bound> = queues
             .into_iter()
-            .filter_map(|(q, b)| Some((q.to_owned(), b?)))
+            .filter_map(|q| Some((q.to_owned(), self.inner.queues.bound(q)?)))
             .collect();
         if bounds.is_empty() {
             return Ok(Vec::new());

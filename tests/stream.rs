@@ -313,3 +313,46 @@ async fn a_job_stream_ends_with_its_job_and_shutdown_is_announced() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn the_client_reads_events_split_anywhere_and_refuses_one_without_end() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Not an OJS server: one event in pieces, one ended by CRLFs across two writes, then
+    // bytes that never end an event.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 4096];
+        let _ = socket.read(&mut request).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+        let pieces = [
+            head,
+            "id: 1\nevent: job.completed\nda",
+            "ta: {\"job_id\":\"a\"}\n",
+            "\n",
+            "data: 2\r\n\r",
+            "\n",
+        ];
+        for piece in pieces {
+            socket.write_all(piece.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let endless = vec![b'x'; 1 << 20];
+        while socket.write_all(&endless).await.is_ok() {}
+    });
+    let client = ojs_client::Client::new(&format!("http://{addr}"));
+    let mut events = client.follow_events("*", &[]).await.unwrap();
+    let first = events.next().await.unwrap().unwrap();
+    assert_eq!(
+        (first.id.as_deref(), first.event_type.as_str()),
+        (Some("1"), "job.completed")
+    );
+    assert_eq!(first.data["job_id"], "a");
+    assert_eq!(events.next().await.unwrap().unwrap().data, json!(2));
+    let err = events.next().await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, ojs_client::ClientError::EventTooLarge(_)),
+        "{err}"
+    );
+}

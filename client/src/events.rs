@@ -21,7 +21,12 @@ pub struct EventStream {
     response: reqwest::Response,
     /// Bytes received and not yet parsed into events.
     pending: Vec<u8>,
+    /// How far `pending` is known to hold no blank line.
+    searched: usize,
 }
+
+/// Most bytes one live event may take: more than a NATS message can carry (64 MiB at most).
+pub const MAX_EVENT_BYTES: usize = 64 << 20;
 
 impl Client {
     /// Follows live events: `channel` is `queue:<name>`, `job:<id>` or `*` (every event);
@@ -53,6 +58,7 @@ impl Client {
         Ok(EventStream {
             response,
             pending: Vec::new(),
+            searched: 0,
         })
     }
 }
@@ -62,12 +68,20 @@ impl EventStream {
     /// skipped.
     pub async fn next(&mut self) -> Option<Result<LiveEvent, ClientError>> {
         loop {
-            if let Some(end) = find_blank_line(&self.pending) {
-                let block: Vec<u8> = self.pending.drain(..end.1).collect();
-                if let Some(event) = parse_block(&String::from_utf8_lossy(&block[..end.0])) {
+            // A blank line may straddle the end of what was searched: look from 3 before.
+            let from = self.searched.saturating_sub(3);
+            if let Some((length, with_blank)) = find_blank_line(&self.pending[from..]) {
+                let block: Vec<u8> = self.pending.drain(..from + with_blank).collect();
+                self.searched = 0;
+                if let Some(event) = parse_block(&String::from_utf8_lossy(&block[..from + length]))
+                {
                     return Some(Ok(event));
                 }
                 continue;
+            }
+            self.searched = self.pending.len();
+            if self.pending.len() > MAX_EVENT_BYTES {
+                return Some(Err(ClientError::EventTooLarge(MAX_EVENT_BYTES)));
             }
             match self.response.chunk().await {
                 Ok(Some(bytes)) => self.pending.extend_from_slice(&bytes),

@@ -105,6 +105,10 @@ pub enum ClientError {
     /// An enqueue middleware refused the job.
     #[error("refused by middleware: {0}")]
     Refused(String),
+    /// A live event stream sent more than this many bytes without ending an event: not an
+    /// OJS event stream (a live event is one NATS message, far smaller).
+    #[error("a live event of more than {0} bytes")]
+    EventTooLarge(usize),
 }
 
 impl ClientError {
@@ -143,7 +147,9 @@ impl ClientError {
         match self {
             ClientError::Server { body, .. } => body["error"]["retryable"] == true,
             ClientError::Transport(_) => true,
-            ClientError::Unreadable(_) | ClientError::Refused(_) => false,
+            ClientError::Unreadable(_)
+            | ClientError::Refused(_)
+            | ClientError::EventTooLarge(_) => false,
         }
     }
 }

@@ -216,9 +216,9 @@ impl From<ClientError> for Failure {
             ClientError::Server { .. } | ClientError::Refused(_) => {
                 Failure::Refused(err.to_string())
             }
-            ClientError::Transport(_) | ClientError::Unreadable(_) => {
-                Failure::Unreachable(err.to_string())
-            }
+            ClientError::Transport(_)
+            | ClientError::Unreadable(_)
+            | ClientError::EventTooLarge(_) => Failure::Unreachable(err.to_string()),
         }
     }
 }

@@ -364,6 +364,12 @@ async fn bounds_the_server_cannot_enforce_are_refused_with_the_field_named() {
     app.enqueue(on("bp-bad")).await;
     for (body, status, code, field) in [
         (
+            json!({"backpressure": {"maxdepth": 5}}),
+            400,
+            "invalid_request",
+            "backpressure.maxdepth",
+        ),
+        (
             json!({"backpressure": {"max_depth": 5, "strategy": "newest"}}),
             400,
             "invalid_request",

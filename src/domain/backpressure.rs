@@ -69,16 +69,38 @@ impl Bound {
     /// absent leaves the queue unbounded.
     ///
     /// # Errors
-    /// 400 for a malformed field; 422 `unsupported` for a size bound.
+    /// 400 for a malformed or unknown field (a misspelt `max_depth` must not unbound the
+    /// queue); 422 `unsupported` for a size bound.
     pub fn parse(o: &Map<String, Value>, spec_fields: bool) -> Result<BoundChange, OjsError> {
         // The field as the client named it, for error messages.
-        let named = |spec: &'static str, ours: &'static str| {
+        let named = |spec: &str, ours: &str| {
             if spec_fields {
                 spec.to_owned()
             } else {
                 format!("backpressure.{ours}")
             }
         };
+        let known: &[&str] = if spec_fields {
+            &["max_size", "max_size_bytes", "overflow_policy"]
+        } else {
+            &[
+                "max_depth",
+                "max_size_bytes",
+                "strategy",
+                "warning_threshold",
+            ]
+        };
+        if let Some(other) = o.keys().find(|k| !known.contains(&k.as_str())) {
+            let field = named(other, other);
+            return Err(OjsError::invalid(
+                &field,
+                format!(
+                    "{} is not a bound setting: give {}.",
+                    fields::truncated(&field),
+                    known.join(", ")
+                ),
+            ));
+        }
         let (depth_key, strategy_key) = if spec_fields {
             ("max_size", "overflow_policy")
         } else {
@@ -319,6 +341,12 @@ mod tests {
                 false,
                 ErrorCode::Unsupported,
                 "backpressure.max_size_bytes",
+            ),
+            (
+                json!({"maxdepth": 5}),
+                false,
+                ErrorCode::InvalidRequest,
+                "backpressure.maxdepth",
             ),
             (
                 json!({"max_size": 5, "overflow_policy": "newest"}),

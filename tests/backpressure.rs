@@ -425,5 +425,16 @@ async fn bounds_the_server_cannot_enforce_are_refused_with_the_field_named() {
     app.post("/ojs/v1/jobs", on("bp-new"))
         .await
         .assert_error(429, "queue_full");
+    // A depth stream deleted by hand is made again with the bound in force (its places
+    // start empty) instead of failing every PUSH.
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    js.delete_stream("ojs-depth-bp-new").await.unwrap();
+    for _ in 0..2 {
+        let r = app.post("/ojs/v1/jobs", on("bp-new")).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    app.post("/ojs/v1/jobs", on("bp-new"))
+        .await
+        .assert_error(429, "queue_full");
     app.stop().await;
 }

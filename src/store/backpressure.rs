@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use chrono::Utc;
 use futures::future::join_all;
@@ -132,6 +133,8 @@ impl Store {
             let mut taken = Vec::new();
             // Tokens refused, by queue.
             let mut full: BTreeMap<String, usize> = BTreeMap::new();
+            // Queues whose depth stream is gone (deleted by hand).
+            let mut missing = BTreeSet::new();
             let mut failed = None;
             for (index, ack) in indices.into_iter().zip(join_all(acks).await) {
                 let queue = &records[index].job.queue;
@@ -144,13 +147,16 @@ impl Store {
                             id: records[index].job.id.clone(),
                         });
                     }
+                    Err(err) if err.kind() == PublishErrorKind::StreamNotFound && round == 0 => {
+                        missing.insert(queue.clone());
+                    }
                     Err(err) if server_refused(&err) => {
                         *full.entry(queue.clone()).or_default() += 1
                     }
                     Err(err) => failed = Some(backend(doing)(err)),
                 }
             }
-            if full.is_empty() && failed.is_none() {
+            if full.is_empty() && failed.is_none() && missing.is_empty() {
                 self.count_taken(&taken);
                 return Ok(taken);
             }
@@ -159,11 +165,24 @@ impl Store {
             if let Some(err) = failed {
                 return Err(err);
             }
+            // Made again with the bound in force, and the round repeated: a queue whose
+            // stream an operator deleted would otherwise refuse every PUSH.
+            for queue in &missing {
+                let config = self
+                    .inner
+                    .topology
+                    .depth_stream_config(queue, bounds[queue].max_depth);
+                ensure_stream(&self.inner.js, config).await?;
+            }
+            round += 1;
+            if !missing.is_empty() {
+                continue;
+            }
             // A queue that refuses for good, decided before any job is dropped.
             let refusing = full.keys().find(|q| match bounds[*q].strategy {
                 Overflow::Reject => true,
                 Overflow::Block => false,
-                Overflow::DropOldest => round >= DROP_ROUNDS,
+                Overflow::DropOldest => round > DROP_ROUNDS,
             });
             if let Some(queue) = refusing {
                 return Err(self.refuse(queue, &bounds[queue], records).await);
@@ -182,7 +201,6 @@ impl Store {
                     return Err(self.refuse(queue, &bounds[queue], records).await);
                 }
             }
-            round += 1;
         }
     }
 
@@ -261,6 +279,7 @@ impl Store {
             return Ok(0);
         }
         let mut dropped = 0;
+        let mut freed = Vec::new();
         for id in &oldest {
             let settled = self
                 .transition(id, |rec, now| lifecycle::drop_overflow(rec, now).map(Some))
@@ -268,14 +287,13 @@ impl Store {
             match settled {
                 Ok(settled) => {
                     dropped += 1;
-                    if let Some(sequence) = settled.after.depth_token {
-                        self.delete_depth_tokens([(queue, sequence)]).await?;
-                    }
+                    freed.extend(settled.after.depth_token.map(|seq| (queue, seq)));
                 }
                 Err(err) if err.code == ErrorCode::Conflict => {}
                 Err(err) => return Err(err),
             }
         }
+        self.delete_depth_tokens(freed).await?;
         Ok(dropped)
     }
 

@@ -2,10 +2,9 @@
 //! (docs/architecture.md §4 PUSH).
 
 use std::collections::BTreeSet;
-
-use async_nats::jetstream::kv;
 use std::time::Duration;
 
+use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use tracing::warn;

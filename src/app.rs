@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, Stalls};
 use crate::domain::error::OjsError;
 use crate::http::auth::Keys;
 use crate::http::{router, AppState};
@@ -46,6 +46,7 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let instance = format!("{}-{}", config.service_name, Uuid::now_v7());
     let metrics = Metrics::new();
+    let stalls = Stalls::default();
     let spans = (!config.otlp_endpoint.is_empty())
         .then(|| SpanExporter::start(&config.otlp_endpoint, &config.service_name, metrics.clone()));
     tasks.spawn(
@@ -54,6 +55,8 @@ pub async fn run(
             metrics.clone(),
             instance,
             config.lease_ttl(),
+            config.leader_stall(),
+            stalls.clone(),
             spans,
         )
         .run(cancel.child_token()),
@@ -66,6 +69,7 @@ pub async fn run(
         keys,
         started: Instant::now(),
         event_streams: Arc::new(tokio::sync::Semaphore::new(crate::http::MAX_EVENT_STREAMS)),
+        stalls,
     });
     let addr = listener
         .local_addr()

@@ -70,6 +70,10 @@ pub struct Config {
     pub dead_letter_max_count: i64,
     /// Coordinator lease time-to-live, in milliseconds; renewed every third of it.
     pub lease_ttl_ms: u64,
+    /// A leader whose service worked this long on one piece of work without finishing it
+    /// gives the lease up, so another replica leads (architecture §3.10, stalls), in
+    /// milliseconds. Well above a NATS stream leader election (4–8 s).
+    pub leader_stall_ms: u64,
     /// Timeout of one NATS request, in milliseconds.
     pub nats_timeout_ms: u64,
     /// Most queues (each a stream and its consumers) the gateways create; a job for a new
@@ -169,6 +173,7 @@ impl Default for Config {
             dead_letter_max_age_ms: 180 * DAY_MS,
             dead_letter_max_count: 10_000,
             lease_ttl_ms: 3_000,
+            leader_stall_ms: 60_000,
             nats_timeout_ms: 5_000,
             max_queues: 1_000,
             max_priorities_per_queue: 16,
@@ -416,6 +421,13 @@ impl Config {
         if self.lease_ttl_ms < 300 {
             return invalid("lease_ttl_ms", "must be at least 300");
         }
+        // One slow NATS answer is no stall.
+        if self.leader_stall_ms <= self.nats_timeout_ms || self.leader_stall_ms > DAY_MS {
+            return invalid(
+                "leader_stall_ms",
+                "must exceed nats_timeout_ms and be at most 86400000 (one day)",
+            );
+        }
         if self.max_job_bytes > self.max_body_bytes {
             return invalid("max_job_bytes", "must not exceed max_body_bytes");
         }
@@ -552,6 +564,10 @@ impl Config {
         Duration::from_millis(self.lease_ttl_ms)
     }
 
+    pub fn leader_stall(&self) -> Duration {
+        Duration::from_millis(self.leader_stall_ms)
+    }
+
     pub fn ack_wait(&self) -> Duration {
         Duration::from_millis(self.ack_wait_ms)
     }
@@ -661,6 +677,24 @@ mod tests {
                 ..Config::default()
             };
             assert_eq!(cfg.validate().is_ok(), ok, "{ack_wait_ms}");
+        }
+    }
+
+    #[test]
+    fn a_stall_is_longer_than_one_nats_call_and_at_most_a_day() {
+        for (leader_stall_ms, nats_timeout_ms, ok) in [
+            (5_000, 5_000, false),
+            (5_001, 5_000, true),
+            (1_500, 1_000, true),
+            (DAY_MS, 5_000, true),
+            (DAY_MS + 1, 5_000, false),
+        ] {
+            let cfg = Config {
+                leader_stall_ms,
+                nats_timeout_ms,
+                ..Config::default()
+            };
+            assert_eq!(cfg.validate().is_ok(), ok, "{leader_stall_ms}");
         }
     }
 

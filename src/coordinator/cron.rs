@@ -11,6 +11,7 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::progress::Pulse;
 use crate::store::{Store, TickOutcome};
 
 pub struct CronScheduler {
@@ -22,8 +23,10 @@ impl CronScheduler {
         CronScheduler { store }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) through each round; a tick that failed stays due for the next.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         loop {
+            pulse.working();
             let now = Utc::now();
             let entries = self.store.cron_entries();
             let due: Vec<_> = entries
@@ -69,6 +72,7 @@ impl CronScheduler {
             } else {
                 until_next.min(Duration::from_millis(200))
             };
+            pulse.idle();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
+use super::progress::Pulse;
 use super::unseen_writes::UnseenWrites;
 use crate::domain::backpressure;
 use crate::domain::event::{step_events, Event};
@@ -56,9 +57,12 @@ impl EventPublisher {
         }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) from opening the feed until it is open, and from each batch, or each
+    /// deadline come due, until it is handled and acknowledged; waiting for writes is idle.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         let mut unseen = UnseenWrites::default();
         while !cancel.is_cancelled() {
+            pulse.working();
             let mut writes = match self.store.job_writes(self.term).await {
                 Ok(w) => w,
                 Err(err) => {
@@ -77,6 +81,7 @@ impl EventPublisher {
             let mut watch = DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout());
             // The last write of every batch not yet acknowledged, oldest first.
             let mut unacked: VecDeque<JobWrite> = VecDeque::new();
+            pulse.idle();
             loop {
                 let arm_at = watch.next_arm_at();
                 let until_arm = arm_at.map_or(Duration::ZERO, |at| {
@@ -85,6 +90,7 @@ impl EventPublisher {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     batch = writes.next_batch() => {
+                        pulse.working();
                         let Some(batch) = batch else { break };
                         self.store.failpoint("events.pulled").await;
                         if !self.publish(&batch, &mut unseen, &cancel).await {
@@ -104,10 +110,13 @@ impl EventPublisher {
                     _ = tokio::time::sleep(until_arm), if arm_at.is_some() => {}
                 }
                 let due = watch.due(Utc::now());
+                let mut armed = true;
                 if !due.is_empty() {
+                    pulse.working();
                     match self.store.arm_deadlines(&due).await {
                         Ok(()) => due.iter().for_each(|t| watch.armed(t)),
                         Err(err) => {
+                            armed = false;
                             warn!(error = %err, "storing deadline timers failed; retrying");
                             tokio::select! {
                                 _ = cancel.cancelled() => return,
@@ -128,6 +137,9 @@ impl EventPublisher {
                 if let Some(w) = through {
                     w.done_through().await;
                     self.store.announce_handled(w.revision).await;
+                }
+                if armed {
+                    pulse.idle();
                 }
             }
         }

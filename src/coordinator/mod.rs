@@ -5,6 +5,7 @@
 mod cron;
 mod deadline_watch;
 mod event_publisher;
+mod progress;
 mod pruner;
 mod queue_bounds;
 mod slot_sweeper;
@@ -20,11 +21,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::store::Store;
+use crate::store::{Lease, Store};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
+use progress::Pulse;
+pub use progress::{Stall, Stalls};
 pub use pruner::Pruner;
 pub use queue_bounds::QueueBounds;
 pub use slot_sweeper::SlotSweeper;
@@ -39,6 +42,10 @@ pub struct Coordinator {
     /// Identifies this replica in the lease.
     instance: String,
     lease_ttl: Duration,
+    /// A leader service working this long on one piece of work ends the leadership.
+    stall_limit: Duration,
+    /// Where the last such step-down is kept for `/ojs/v1/health`.
+    stalls: Stalls,
     /// The OTLP exporter of job spans, when `otlp_endpoint` is set.
     spans: Option<SpanExporter>,
 }
@@ -49,6 +56,8 @@ impl Coordinator {
         metrics: Metrics,
         instance: String,
         lease_ttl: Duration,
+        stall_limit: Duration,
+        stalls: Stalls,
         spans: Option<SpanExporter>,
     ) -> Coordinator {
         Coordinator {
@@ -56,6 +65,8 @@ impl Coordinator {
             metrics,
             instance,
             lease_ttl,
+            stall_limit,
+            stalls,
             spans,
         }
     }
@@ -63,11 +74,12 @@ impl Coordinator {
     /// Competes for the lease and runs the leader services while holding it; renews every
     /// third of the lease's time-to-live, so one missed renewal does not lose it.
     ///
-    /// A leader service that ends or panics ends this leadership: the others are stopped,
-    /// the lease is given up at once and this replica stays out of the contest for one lease
-    /// TTL, so another replica takes over (or, alone, this one restarts the services then).
-    /// A leader that kept renewing the lease with a dead service would stop timers, events
-    /// and cron for the whole cluster.
+    /// A leader service that ends, panics, or works on one piece of work past the stall
+    /// limit ends this leadership: the others are stopped, the lease is given up at once and
+    /// this replica stays out of the contest for one lease TTL, so another replica takes
+    /// over (or, alone, this one restarts the services then). A leader that kept renewing
+    /// the lease with a dead or stuck service would stop timers, events and cron for the
+    /// whole cluster.
     pub async fn run(self, cancel: CancellationToken) {
         let mut lease = self.store.lease(LEASE, &self.instance);
         let mut leading: Option<Leadership> = None;
@@ -88,13 +100,21 @@ impl Coordinator {
                     error!(instance = %self.instance, service, %reason,
                         "a leader service stopped; stepping down so that another replica leads");
                     self.metrics.leader_service_failed(service);
-                    if let Some(l) = leading.take() {
-                        l.stop(self.lease_ttl / 3).await;
-                    }
-                    lease.release().await;
-                    resting_until = Some(Instant::now() + self.lease_ttl);
+                    resting_until = Some(self.step_down(&mut leading, &mut lease).await);
                     continue;
                 }
+            }
+            if let Some((service, working_for)) =
+                leading.as_ref().and_then(|l| l.stalled(self.stall_limit))
+            {
+                error!(instance = %self.instance, service,
+                    no_progress_ms = working_for.as_millis() as u64,
+                    limit_ms = self.stall_limit.as_millis() as u64,
+                    "a leader service made no progress within leader_stall_ms; stepping down so that another replica leads");
+                self.metrics.leader_stalled(service);
+                resting_until = Some(self.step_down(&mut leading, &mut lease).await);
+                self.stalls.stepped_down(service, working_for);
+                continue;
             }
             if resting_until.is_some_and(|until| Instant::now() < until) {
                 continue;
@@ -102,6 +122,7 @@ impl Coordinator {
             match (lease.try_hold().await, leading.is_some()) {
                 (Some(term), false) => {
                     info!(instance = %self.instance, term, "this replica now leads the coordinator");
+                    self.stalls.leads_again();
                     leading = Some(self.lead(&cancel, term));
                 }
                 (None, true) => {
@@ -113,11 +134,18 @@ impl Coordinator {
                 _ => {}
             }
         }
-        self.metrics.set_leading(false);
+        self.step_down(&mut leading, &mut lease).await;
+    }
+
+    /// Ends the leadership: stops its services and gives the lease up at once. Returns until
+    /// when this replica, if it failed, stays out of the contest.
+    async fn step_down(&self, leading: &mut Option<Leadership>, lease: &mut Lease) -> Instant {
         if let Some(l) = leading.take() {
             l.stop(self.lease_ttl / 3).await;
         }
         lease.release().await;
+        self.metrics.set_leading(false);
+        Instant::now() + self.lease_ttl
     }
 
     /// Starts every leader service, each in its own task. Those that must not act on
@@ -125,45 +153,44 @@ impl Coordinator {
     fn lead(&self, cancel: &CancellationToken, term: u64) -> Leadership {
         let mut l = Leadership::new(cancel);
         let (store, token) = (&self.store, l.token.clone());
-        l.spawn(
-            "event_publisher",
+        l.spawn("event_publisher", |pulse| {
             EventPublisher::new(
                 store.clone(),
                 self.metrics.clone(),
                 self.spans.clone(),
                 term,
             )
-            .run(token.clone()),
-        );
-        l.spawn(
-            "scheduler",
-            TimerScheduler::new(store.clone(), self.metrics.clone()).run(token.clone()),
-        );
-        l.spawn("cron", CronScheduler::new(store.clone()).run(token.clone()));
-        l.spawn(
-            "slot_sweeper",
-            SlotSweeper::new(store.clone()).run(token.clone()),
-        );
-        l.spawn(
-            "queue_bounds",
-            QueueBounds::new(store.clone(), self.metrics.clone()).run(token.clone()),
-        );
+            .run(token.clone(), pulse)
+        });
+        l.spawn("scheduler", |pulse| {
+            TimerScheduler::new(store.clone(), self.metrics.clone()).run(token.clone(), pulse)
+        });
+        l.spawn("cron", |pulse| {
+            CronScheduler::new(store.clone()).run(token.clone(), pulse)
+        });
+        l.spawn("slot_sweeper", |pulse| {
+            SlotSweeper::new(store.clone()).run(token.clone(), pulse)
+        });
+        l.spawn("queue_bounds", |pulse| {
+            QueueBounds::new(store.clone(), self.metrics.clone()).run(token.clone(), pulse)
+        });
         if let Some(max_age) = store.finished_jobs_max_age() {
-            l.spawn(
-                "pruner",
-                Pruner::new(store.clone(), max_age, term).run(token),
-            );
+            l.spawn("pruner", |pulse| {
+                Pruner::new(store.clone(), max_age, term).run(token, pulse)
+            });
         }
         l
     }
 }
 
 /// The leader services of one leadership, watched: each runs in its own task, so one that
-/// ends or panics is noticed at once instead of dying unseen.
+/// ends or panics is noticed at once instead of dying unseen, and reports its progress on
+/// its pulse, so one that gets stuck is noticed too.
 struct Leadership {
     token: CancellationToken,
     services: JoinSet<()>,
     names: HashMap<Id, &'static str>,
+    pulses: Vec<(&'static str, Pulse)>,
 }
 
 impl Leadership {
@@ -172,12 +199,29 @@ impl Leadership {
             token: parent.child_token(),
             services: JoinSet::new(),
             names: HashMap::new(),
+            pulses: Vec::new(),
         }
     }
 
-    fn spawn(&mut self, name: &'static str, service: impl Future<Output = ()> + Send + 'static) {
-        let id = self.services.spawn(service).id();
+    /// Starts the service `start` makes, giving it the pulse it reports its progress on.
+    fn spawn<F>(&mut self, name: &'static str, start: impl FnOnce(Pulse) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let pulse = Pulse::default();
+        let id = self.services.spawn(start(pulse.clone())).id();
         self.names.insert(id, name);
+        self.pulses.push((name, pulse));
+    }
+
+    /// The first service working on one piece of work for longer than `limit`, and how long.
+    fn stalled(&self, limit: Duration) -> Option<(&'static str, Duration)> {
+        self.pulses.iter().find_map(|(name, pulse)| {
+            pulse
+                .working_for()
+                .filter(|took| *took > limit)
+                .map(|took| (*name, took))
+        })
     }
 
     /// Waits for the first service to end on its own: its name and why. Services end only
@@ -244,7 +288,7 @@ mod tests {
         let guard = Dropped(dropped.clone());
         let mut l = Leadership::new(&CancellationToken::new());
         // Ignores its token, like a service waiting on a NATS call that does not answer.
-        l.spawn("stuck", async move {
+        l.spawn("stuck", |_| async move {
             let _guard = guard;
             std::future::pending::<()>().await;
         });
@@ -266,7 +310,7 @@ mod tests {
         let finished = done.clone();
         let mut l = Leadership::new(&CancellationToken::new());
         let watching = l.token.clone();
-        l.spawn("polite", async move {
+        l.spawn("polite", |_| async move {
             watching.cancelled().await;
             finished.store(true, Ordering::SeqCst);
         });
@@ -279,15 +323,39 @@ mod tests {
     #[tokio::test]
     async fn a_service_that_panics_or_returns_is_reported_by_name() {
         let mut l = Leadership::new(&CancellationToken::new());
-        l.spawn("steady", std::future::pending());
-        l.spawn("fragile", async { panic!("overflowed") });
+        l.spawn("steady", |_| std::future::pending());
+        l.spawn("fragile", |_| async { panic!("overflowed") });
         let (name, reason) = tokio::time::timeout(Duration::from_secs(2), l.ended())
             .await
             .expect("a panic is seen at once");
         assert_eq!(name, "fragile");
         assert!(reason.contains("overflowed"), "{reason}");
-        l.spawn("quitter", async {});
+        l.spawn("quitter", |_| async {});
         assert_eq!(l.ended().await.0, "quitter");
+        l.stop(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test]
+    async fn only_a_service_working_past_the_limit_is_stalled() {
+        let mut l = Leadership::new(&CancellationToken::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        for name in ["idle", "busy", "stuck"] {
+            let tx = tx.clone();
+            l.spawn(name, move |pulse| {
+                tx.send((name, pulse)).unwrap();
+                std::future::pending()
+            });
+        }
+        let pulses: HashMap<_, _> = rx.try_iter().collect();
+        pulses["stuck"].working();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        pulses["busy"].working();
+        let limit = Duration::from_millis(100);
+        let (name, took) = l.stalled(limit).expect("one is stalled");
+        assert_eq!(name, "stuck");
+        assert!(took > limit, "{took:?}");
+        pulses["stuck"].idle();
+        assert!(l.stalled(limit).is_none(), "idle for long, or busy briefly");
         l.stop(Duration::from_millis(50)).await;
     }
 }

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::progress::Pulse;
 use crate::domain::error::OjsError;
 use crate::domain::retention::{aged, Aged};
 use crate::store::{Store, StoredWrite, WriteBody};
@@ -34,7 +35,8 @@ impl Pruner {
         }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) through each round.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         let version = self.store.nats_version();
         if purges_scan_the_stream(&version) {
             warn!(
@@ -48,6 +50,7 @@ impl Pruner {
         // Read from the bucket when leading starts and after a failure; kept in memory between.
         let mut cursor = None;
         while !cancel.is_cancelled() {
+            pulse.working();
             let pause = match self.round(&mut cursor).await {
                 Ok(pause) => pause,
                 Err(err) => {
@@ -56,6 +59,7 @@ impl Pruner {
                     IDLE
                 }
             };
+            pulse.idle();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}

@@ -11,6 +11,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::progress::Pulse;
 use crate::domain::event::backpressure_event;
 use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
@@ -40,7 +41,8 @@ impl QueueBounds {
         QueueBounds { store, metrics }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) through each round.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         let grace = self.store.token_grace();
         let mut watched: HashMap<String, Watched> = HashMap::new();
         loop {
@@ -51,6 +53,7 @@ impl QueueBounds {
                 }
                 _ = tokio::time::sleep(EVERY) => {}
             }
+            pulse.working();
             let bounded = self.store.bounded_queues();
             watched.retain(|queue, _| bounded.iter().any(|(q, _)| q == queue));
             let mut pressures = Vec::with_capacity(bounded.len());
@@ -105,6 +108,7 @@ impl QueueBounds {
                 }
             }
             self.metrics.set_backpressure(&pressures);
+            pulse.idle();
         }
     }
 }

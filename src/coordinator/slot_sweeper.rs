@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::progress::Pulse;
 use crate::store::Store;
 
 /// How often every limited queue's places are looked at.
@@ -21,13 +22,15 @@ impl SlotSweeper {
         SlotSweeper { store }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) through each round.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         let grace = self.store.slot_grace();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(EVERY) => {}
             }
+            pulse.working();
             for queue in self.store.concurrency_limited_queues() {
                 match self.store.sweep_slots(&queue, grace).await {
                     Ok(0) => {}
@@ -37,6 +40,7 @@ impl SlotSweeper {
                     }
                 }
             }
+            pulse.idle();
         }
     }
 }

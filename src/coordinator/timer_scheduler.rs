@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::progress::Pulse;
 use crate::domain::horizon::{self, Placement};
 use crate::store::{PendingTimer, ReadAhead, Store, Timer};
 use crate::telemetry::metrics::Metrics;
@@ -109,8 +110,11 @@ impl TimerScheduler {
         TimerScheduler { store, metrics }
     }
 
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Works (`pulse`) while opening its feed and while waiting for a slot to fire or hand
+    /// back a timer in; a firing that fails is retried on its own and does not hold it up.
+    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         while !cancel.is_cancelled() {
+            pulse.working();
             let mut feed = match self.store.timer_feed().await {
                 Ok(feed) => feed,
                 Err(err) => {
@@ -133,6 +137,7 @@ impl TimerScheduler {
             // Records read ahead, by timer sequence (`None`: nothing to keep).
             let (ahead_tx, mut read) =
                 tokio::sync::mpsc::unbounded_channel::<(u64, Option<ReadAhead>)>();
+            pulse.idle();
             loop {
                 self.metrics.set_timers_held(held.timers.len());
                 let next_wake = held.heap.peek().map(|Reverse((at, _, _))| *at);
@@ -154,7 +159,9 @@ impl TimerScheduler {
                         match horizon::place(due, now, horizon) {
                             Placement::Fire | Placement::Hold => held.hold(due, timer, now),
                             Placement::HandBack(delay) => {
+                                pulse.working();
                                 let permit = permits.clone().acquire_owned().await.expect("semaphore open");
+                                pulse.idle();
                                 self.hand_back(timer, delay, keep_tx.clone(), permit);
                             }
                         }
@@ -192,7 +199,9 @@ impl TimerScheduler {
                             let store = self.store.clone();
                             let retry = retry_tx.clone();
                             let ack = acks.clone();
+                            pulse.working();
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
+                            pulse.idle();
                             tokio::spawn(async move {
                                 match store.fire(&timer.timer, ahead).await {
                                     Ok(_) => {

@@ -53,6 +53,8 @@ pub struct AppState {
     pub started: Instant,
     /// Live event streams this gateway may still open (`stream.rs`).
     pub event_streams: Arc<tokio::sync::Semaphore>,
+    /// This replica's last leadership given up for a stalled service, for the health check.
+    pub stalls: crate::coordinator::Stalls,
 }
 
 pub type SharedState = Arc<AppState>;

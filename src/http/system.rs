@@ -9,21 +9,29 @@ use super::{respond, SharedState};
 use crate::telemetry::job_metrics;
 use tracing::warn;
 
-/// 200 while NATS answers, 503 otherwise (the load balancer's signal).
+/// 200 while NATS answers, 503 otherwise (the load balancer's signal). `degraded` also
+/// when this replica gave up its last leadership for a stalled leader service (architecture
+/// §3.10), until it leads again: still 200, as it serves requests as before.
 pub async fn health(State(state): State<SharedState>) -> Response {
     let uptime = state.started.elapsed().as_secs();
     // From the queue registry's in-memory copy: free to read on every probe.
     let queues = state.store.queues();
     let paused = queues.iter().filter(|q| q.paused).count();
+    let stalled = state.stalls.last();
+    let mut coordinator = json!({"leader": state.metrics.leading()});
+    if let Some(stall) = &stalled {
+        coordinator["stalled"] = json!(stall);
+    }
     match state.store.ping().await {
         Ok(latency) => respond(
             StatusCode::OK,
             &json!({
-                "status": "ok",
+                "status": if stalled.is_some() { "degraded" } else { "ok" },
                 "version": "1.0",
                 "uptime_seconds": uptime,
                 "backend": {"type": "nats", "status": "connected", "latency_ms": latency.as_millis() as u64},
                 "queues": {"active": queues.len() - paused, "paused": paused},
+                "coordinator": coordinator,
             }),
         ),
         Err(err) => respond(
@@ -33,6 +41,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
                 "version": "1.0",
                 "uptime_seconds": uptime,
                 "backend": {"type": "nats", "status": "disconnected", "error": err.message},
+                "coordinator": coordinator,
             }),
         ),
     }

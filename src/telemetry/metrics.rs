@@ -18,6 +18,8 @@ pub struct Metrics {
     durations: HistogramVec,
     /// Leader services that ended or panicked while leading, by service.
     leader_service_failures: IntCounterVec,
+    /// Leaderships this replica gave up because a service made no progress, by service.
+    leader_stalls: IntCounterVec,
     /// Job-record writes the event publisher could not read or derive events from.
     job_writes_skipped: IntCounter,
     /// Events derived from a later write's trail because the publisher never saw their own
@@ -65,6 +67,14 @@ impl Metrics {
             Opts::new(
                 "ojs_leader_service_failures_total",
                 "Leader services of this replica that stopped or panicked while leading",
+            ),
+            &["service"],
+        )
+        .expect("valid metric");
+        let leader_stalls = IntCounterVec::new(
+            Opts::new(
+                "ojs_leader_stalls_total",
+                "Leaderships this replica gave up because a leader service made no progress for leader_stall_ms",
             ),
             &["service"],
         )
@@ -124,6 +134,7 @@ impl Metrics {
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(durations.clone()),
             Box::new(leader_service_failures.clone()),
+            Box::new(leader_stalls.clone()),
             Box::new(job_writes_skipped.clone()),
             Box::new(events_recovered.clone()),
             Box::new(timers_held.clone()),
@@ -141,6 +152,7 @@ impl Metrics {
             requests,
             durations,
             leader_service_failures,
+            leader_stalls,
             job_writes_skipped,
             events_recovered,
             timers_held,
@@ -193,6 +205,10 @@ impl Metrics {
         self.leader_service_failures
             .with_label_values(&[service])
             .inc();
+    }
+
+    pub fn leader_stalled(&self, service: &str) {
+        self.leader_stalls.with_label_values(&[service]).inc();
     }
 
     pub fn job_write_skipped(&self) {

@@ -76,6 +76,11 @@ pub struct Config {
     pub leader_stall_ms: u64,
     /// Timeout of one NATS request, in milliseconds.
     pub nats_timeout_ms: u64,
+    /// How long a request may take, in milliseconds (a FETCH's `wait_ms` comes on top):
+    /// within it, NATS steps that fail for a reason NATS heals by itself (a stream leader
+    /// election, a reconnect) are tried again; past it the answer is 503 with
+    /// `Retry-After` (architecture §4, "NATS goes away").
+    pub request_deadline_ms: u64,
     /// Most queues (each a stream and its consumers) the gateways create; a job for a new
     /// queue beyond it is refused with 400.
     pub max_queues: usize,
@@ -175,6 +180,7 @@ impl Default for Config {
             lease_ttl_ms: 3_000,
             leader_stall_ms: 60_000,
             nats_timeout_ms: 5_000,
+            request_deadline_ms: 10_000,
             max_queues: 1_000,
             max_priorities_per_queue: 16,
             idle_puller_ms: 300_000,
@@ -457,6 +463,7 @@ impl Config {
             ("batch_grace_ms", self.batch_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
             ("nats_timeout_ms", self.nats_timeout_ms),
+            ("request_deadline_ms", self.request_deadline_ms),
         ] {
             if value == 0 {
                 return invalid(field, "must be positive");
@@ -469,6 +476,7 @@ impl Config {
             ("workflow_grace_ms", self.workflow_grace_ms),
             ("batch_grace_ms", self.batch_grace_ms),
             ("ack_wait_ms", self.ack_wait_ms),
+            ("request_deadline_ms", self.request_deadline_ms),
         ] {
             if ms > crate::domain::duration::MAX.as_millis() as u64 {
                 return invalid(field, "must be at most 31536000000 (365 days)");
@@ -558,6 +566,10 @@ impl Config {
 
     pub fn visibility_timeout(&self) -> Duration {
         Duration::from_millis(self.visibility_timeout_ms)
+    }
+
+    pub fn request_deadline(&self) -> Duration {
+        Duration::from_millis(self.request_deadline_ms)
     }
 
     pub fn lease_ttl(&self) -> Duration {

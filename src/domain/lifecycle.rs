@@ -97,6 +97,23 @@ pub fn claim(
     Ok(next)
 }
 
+/// A claim the FETCH could not hand over (its client went away first): the job is available
+/// again as before the claim — the attempt not counted, the same dispatch, so the claim's
+/// queue message, released with a NAK rather than acknowledged, dispatches it again first
+/// in line. `None` when the job has moved on from that claim (`attempt`).
+pub fn hand_back(rec: &JobRecord, attempt: u32) -> Option<JobRecord> {
+    if rec.job.state != JobState::Active || rec.job.attempt != attempt || rec.holder.is_none() {
+        return None;
+    }
+    let mut next = leave_active(rec);
+    let job = &mut next.job;
+    job.state = JobState::Available;
+    job.attempt = attempt.saturating_sub(1);
+    job.started_at = None;
+    next.transition = Transition::Requeued;
+    Some(next)
+}
+
 /// The active job's queue message was delivered again (JetStream's ack-wait backstop) while
 /// the holder's reservation still runs: keep the holder, settle through the new subject.
 pub fn redelivered(rec: &JobRecord, delivery: &Delivery) -> JobRecord {
@@ -762,6 +779,21 @@ mod tests {
             fail(&typed, now(), None, &f, false, 1.0).unwrap().job.state,
             JobState::Discarded
         );
+    }
+
+    #[test]
+    fn a_claim_handed_back_is_available_again_as_before_it() {
+        let before = record(json!({}));
+        let claimed = active(json!({}), Some("w1"));
+        let back = hand_back(&claimed, 1).unwrap();
+        assert_eq!(back.job.state, JobState::Available);
+        assert_eq!(back.job.attempt, before.job.attempt);
+        assert_eq!(back.dispatch, claimed.dispatch);
+        assert!(back.holder.is_none() && back.job.started_at.is_none());
+        assert_eq!(back.transition, Transition::Requeued);
+        // A later attempt, or a job no longer active, is not this claim's to hand back.
+        assert!(hand_back(&claimed, 2).is_none());
+        assert!(hand_back(&back, 1).is_none());
     }
 
     #[test]

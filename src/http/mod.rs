@@ -36,7 +36,7 @@ use uuid::Uuid;
 use crate::config::Config;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::fields::truncated;
-use crate::store::Store;
+use crate::store::{deadline, Store};
 use crate::telemetry::metrics::Metrics;
 pub use error::ApiError;
 
@@ -544,7 +544,9 @@ async fn conventions(State(state): State<SharedState>, req: Request, next: Next)
             // At debug level: an enabled span per request costs the gateway about a tenth
             // of its throughput (measured with scripts/bench.sh); a disabled one nothing.
             let span = tracing::debug_span!("request", request_id = %request_id, method = %method, route = %route);
-            next.run(req).instrument(span).await
+            // Every NATS step of the request shares its deadline (`store::deadline`).
+            let deadline = started + state.config.request_deadline();
+            deadline::within(deadline.into(), next.run(req).instrument(span)).await
         }
         Some(other) => ApiError(OjsError::new(
             ErrorCode::Unsupported,

@@ -5,23 +5,37 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::extract::JsonObject;
 use super::{respond, ApiError, SharedState};
 use crate::domain::error::OjsError;
 use crate::domain::requests;
 use crate::domain::time;
-use crate::store::WorkerState;
+use crate::store::{deadline, WorkerState};
 
 pub async fn fetch(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let req = requests::fetch(&body)?;
+    // The deadline of every NATS step: the wait, then the request's own time.
+    let deadline = Instant::now() + req.wait.unwrap_or_default() + state.config.request_deadline();
     // A spawned task finishes its claims even if the client goes away mid-request, so no
-    // delivered message is left unsettled.
+    // delivered message is left unsettled; the client's going (this handler dropped)
+    // ends its wait, and what it claimed by then goes straight back to the queue.
+    let gone = CancellationToken::new();
+    let _gone_when_dropped = gone.clone().drop_guard();
     let store = state.store.clone();
-    let jobs = tokio::spawn(async move { store.fetch(&req).await })
+    let task = deadline::within(deadline, async move {
+        let jobs = store.fetch(&req, &gone).await?;
+        if gone.is_cancelled() && !jobs.is_empty() {
+            store.hand_back_unsent(&jobs).await;
+        }
+        Ok::<_, OjsError>(jobs)
+    });
+    let jobs = tokio::spawn(task)
         .await
         .map_err(|e| OjsError::backend("The fetch task failed.").with_source(e))??;
     Ok(respond(StatusCode::OK, &json!({ "jobs": jobs })))

@@ -47,12 +47,7 @@ impl Store {
                 time::add(Utc::now(), self.inner.batch_grace),
             )
         };
-        let stored = async {
-            self.send_timer(&timer)
-                .await?
-                .await
-                .map_err(backend("publishing a batch timer"))
-        };
+        let stored = async { self.stored(self.send_timer(&timer).await?).await };
         let doing = "opening a batch";
         let opened = cas::write(&self.inner.batches, id, mark_bytes(Mark::Open), 0, doing);
         let (stored, opened) = tokio::join!(stored, opened);

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::deadline::answered;
 use super::error::{nats_failed, refusal, Refused};
 use crate::domain::error::{ErrorCode, OjsError};
 
@@ -60,14 +61,21 @@ pub(super) async fn last(
     doing: &str,
 ) -> Result<Option<Last>, OjsError> {
     if from == Replica::Nearest {
-        let entry = kv.entry(key).await.map_err(|e| nats_failed(doing, e))?;
+        let entry = answered(doing, || kv.entry(key))
+            .await?
+            .said
+            .map_err(|e| nats_failed(doing, e))?;
         return Ok(entry.map(|e| Last {
             value: (e.operation == kv::Operation::Put).then_some(e.value),
             revision: e.revision,
         }));
     }
     let subject = format!("{}{key}", kv.prefix);
-    match kv.stream.get_last_raw_message_by_subject(&subject).await {
+    let said = answered(doing, || {
+        kv.stream.get_last_raw_message_by_subject(&subject)
+    })
+    .await?;
+    match said.said {
         Ok(m) => Ok(Some(Last {
             // A put carries no operation header; deletes and purges name theirs.
             value: m.headers.get("KV-Operation").is_none().then_some(m.payload),
@@ -79,7 +87,14 @@ pub(super) async fn last(
 }
 
 /// Writes `value` if the key is still at `revision` (0: never written, or only deleted
-/// before if `revision` names the marker).
+/// before if `revision` names the marker), trying again while NATS does not answer
+/// (`deadline.rs`).
+///
+/// A try whose answer was lost may have landed; the next try is then refused. So after
+/// silence, a write still in flight is waited out (it may be this one), and an outdated
+/// revision is checked against the key's last write at the stream leader: the very bytes
+/// of this write mean it landed (job records carry their times and trail, so another
+/// writer's value differs).
 pub(super) async fn write(
     kv: &kv::Store,
     key: &str,
@@ -87,13 +102,30 @@ pub(super) async fn write(
     revision: u64,
     doing: &str,
 ) -> Result<Cas, OjsError> {
-    match kv.update(key, value, revision).await {
-        Ok(rev) => Ok(Cas::Written(rev)),
-        Err(err) => match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
-            Some(why) => Ok(Cas::Refused(why)),
-            None => Err(nats_failed(doing, err)),
-        },
+    let mut after_silence = false;
+    for round in 0..MAX_CAS_ATTEMPTS {
+        let answer = answered(doing, || kv.update(key, value.clone(), revision)).await?;
+        after_silence |= answer.after_silence;
+        let err = match answer.said {
+            Ok(rev) => return Ok(Cas::Written(rev)),
+            Err(err) => err,
+        };
+        match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
+            Some(Refused::InFlight) if after_silence => pause_after(Refused::InFlight, round).await,
+            Some(Refused::Outdated) if after_silence => {
+                let last = last(kv, key, Replica::Leader, doing).await?;
+                return Ok(match last {
+                    Some(last) if last.value.as_ref() == Some(&value) => {
+                        Cas::Written(last.revision)
+                    }
+                    _ => Cas::Refused(Refused::Outdated),
+                });
+            }
+            Some(why) => return Ok(Cas::Refused(why)),
+            None => return Err(nats_failed(doing, err)),
+        }
     }
+    Ok(Cas::Refused(Refused::InFlight))
 }
 
 /// Before the next round after a refused write: none after an outdated revision (read

@@ -62,18 +62,17 @@ impl Store {
             id: rec.job.id.clone(),
         })
         .expect("entries serialize");
-        let ack = self
-            .inner
-            .js
-            .send_publish(
-                self.inner.topology.dead_letter_subject(&rec.job.queue),
+        let sent = self
+            .send(
+                self.inner
+                    .topology
+                    .dead_letter_subject(&rec.job.queue)
+                    .into(),
                 PublishMessage::build().payload(body.into()),
+                "adding a dead-letter entry",
             )
-            .await
-            .map_err(backend("adding a dead-letter entry"))?
-            .await
-            .map_err(backend("adding a dead-letter entry"))?;
-        Ok(ack.sequence)
+            .await?;
+        Ok(self.stored(sent).await?.sequence)
     }
 
     /// Lists dead-lettered jobs newest first, optionally of one queue.

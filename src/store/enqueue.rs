@@ -11,8 +11,9 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::batches::AT_ONCE;
-use super::cas::Replica;
-use super::error::{all_stored, lost_race, nats_failed};
+use super::cas::{self, Replica};
+use super::deadline::answered;
+use super::error::{lost_race, nats_failed};
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -174,18 +175,18 @@ impl Store {
     /// job, the promote timer of a waiting one, the expire timer of one with `expires_at`;
     /// all acknowledged.
     pub(super) async fn publish_jobs(&self, records: &[JobRecord]) -> Result<(), OjsError> {
-        let mut acks = Vec::new();
+        let mut sent = Vec::new();
         for rec in records {
             if rec.dispatch > 0 {
-                acks.push(self.send_dispatch(rec).await?);
+                sent.push(self.send_dispatch(rec).await?);
             } else if let Some(at) = lifecycle::due_at(rec) {
-                acks.push(self.send_timer(&Timer::promote(rec, at)).await?);
+                sent.push(self.send_timer(&Timer::promote(rec, at)).await?);
             }
             if let Some(at) = expires_at(rec) {
-                acks.push(self.send_timer(&Timer::expire(rec, at)).await?);
+                sent.push(self.send_timer(&Timer::expire(rec, at)).await?);
             }
         }
-        all_stored(acks, "publishing a job to its queue").await
+        self.all_stored(sent).await
     }
 
     /// Creates every record, concurrently: the revision each create wrote (`None` for a
@@ -201,16 +202,10 @@ impl Store {
         let creates = records
             .iter()
             .zip(encoded)
-            .map(|(rec, bytes)| self.inner.jobs.create(&rec.job.id, bytes.clone()));
-        let mut results: Vec<Creation> = join_all(creates)
-            .await
-            .into_iter()
-            .map(|r| r.map(Some))
-            .collect();
+            .map(|(rec, bytes)| self.create_record(&rec.job.id, bytes));
+        let mut results: Vec<Creation> = join_all(creates).await;
         let taken: Vec<usize> = (0..results.len())
-            .filter(|&i| {
-                matches!(&results[i], Err(err) if lost_race(err, kv::CreateErrorKind::AlreadyExists))
-            })
+            .filter(|&i| matches!(&results[i], Err(CreateFailure::Taken)))
             .collect();
         for some in taken.chunks(AT_ONCE) {
             let again = some
@@ -222,35 +217,31 @@ impl Store {
                 }
             }
         }
-        let Some((index, err)) = results
-            .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
-        else {
+        let Some(index) = results.iter().position(Result::is_err) else {
             return Ok(results.into_iter().map(|r| r.ok().flatten()).collect());
         };
-        let error = if lost_race(err, kv::CreateErrorKind::AlreadyExists) {
-            let id = &records[index].job.id;
-            OjsError::new(
-                ErrorCode::Duplicate,
-                format!("A job with id '{id}' already exists."),
-            )
-            .with_detail("job_id", id.as_str())
-            .with_detail("index", index)
-        } else {
-            nats_failed("creating a job record", err.to_string())
+        let created: Vec<Option<u64>> = results
+            .iter()
+            .map(|r| r.as_ref().ok().copied().flatten())
+            .collect();
+        let error = match results.swap_remove(index) {
+            Err(CreateFailure::Failed(err)) => err,
+            _ => {
+                let id = &records[index].job.id;
+                OjsError::new(
+                    ErrorCode::Duplicate,
+                    format!("A job with id '{id}' already exists."),
+                )
+                .with_detail("job_id", id.as_str())
+                .with_detail("index", index)
+            }
         };
         if let Some(id) = batch {
             if let Err(err) = self.abort_batch(id).await {
                 warn!(batch_id = id, error = %err, "could not abort a refused batch; its timer will");
             }
             self.failpoint("enqueue.rolling_back").await;
-            self.roll_back(
-                records
-                    .iter()
-                    .zip(results.iter().map(|r| r.as_ref().ok().copied().flatten())),
-            )
-            .await;
+            self.roll_back(records.iter().zip(created)).await;
         }
         Err(error)
     }
@@ -264,7 +255,7 @@ impl Store {
         bytes: &bytes::Bytes,
         in_batch: bool,
     ) -> Result<Option<Creation>, OjsError> {
-        if let Some(created) = self.created_anyway(rec, bytes).await {
+        if let Some(created) = self.created_anyway(rec, bytes).await? {
             return Ok(Some(Ok(created)));
         }
         if !in_batch {
@@ -278,8 +269,24 @@ impl Store {
         if !free {
             return Ok(None);
         }
-        let created = self.inner.jobs.create(&rec.job.id, bytes.clone()).await;
-        Ok(Some(created.map(Some)))
+        Ok(Some(self.create_record(&rec.job.id, bytes).await))
+    }
+
+    /// Creates a record, again while NATS does not answer (`deadline.rs`). A create that
+    /// landed with its answer lost then finds its key taken: `created_anyway` tells.
+    async fn create_record(&self, id: &str, bytes: &bytes::Bytes) -> Creation {
+        let doing = "creating a job record";
+        let said = answered(doing, || self.inner.jobs.create(id, bytes.clone()))
+            .await
+            .map_err(CreateFailure::Failed)?
+            .said;
+        match said {
+            Ok(revision) => Ok(Some(revision)),
+            Err(err) if lost_race(&err, kv::CreateErrorKind::AlreadyExists) => {
+                Err(CreateFailure::Taken)
+            }
+            Err(err) => Err(CreateFailure::Failed(nats_failed(doing, err))),
+        }
     }
 
     /// Whether a create that found its key taken was taken by this very create: its first
@@ -287,17 +294,33 @@ impl Store {
     /// reading the key before giving up, found the record — untouched (its revision), or
     /// already claimed through the queue message published before it (`None`). A job of
     /// another PUSH differs in its creation time.
-    async fn created_anyway(&self, rec: &JobRecord, bytes: &bytes::Bytes) -> Option<Option<u64>> {
-        let entry = self.inner.jobs.entry(&rec.job.id).await.ok()??;
-        if entry.operation != kv::Operation::Put {
-            return None;
+    async fn created_anyway(
+        &self,
+        rec: &JobRecord,
+        bytes: &bytes::Bytes,
+    ) -> Result<Option<Option<u64>>, OjsError> {
+        let Some(last) = cas::last(
+            &self.inner.jobs,
+            &rec.job.id,
+            Replica::Nearest,
+            "reading a job",
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let Some(value) = last.value else {
+            return Ok(None);
+        };
+        if value == bytes {
+            return Ok(Some(Some(last.revision)));
         }
-        if entry.value == bytes {
-            return Some(Some(entry.revision));
-        }
-        let stored: JobRecord = serde_json::from_slice(&entry.value).ok()?;
-        (stored.job.created_at.timestamp_millis() == rec.job.created_at.timestamp_millis())
-            .then_some(None)
+        let Ok(stored) = serde_json::from_slice::<JobRecord>(&value) else {
+            return Ok(None);
+        };
+        let ours =
+            stored.job.created_at.timestamp_millis() == rec.job.created_at.timestamp_millis();
+        Ok(ours.then_some(None))
     }
 
     /// Removes the records a refused batch created, each at the revision its create wrote.
@@ -323,7 +346,14 @@ fn lanes(records: &[JobRecord]) -> BTreeSet<(&str, i32)> {
 
 /// A record's create: the revision it wrote (`None`: already changed by a worker, see
 /// `created_anyway`), or why it failed.
-type Creation = Result<Option<u64>, kv::CreateError>;
+type Creation = Result<Option<u64>, CreateFailure>;
+
+/// Why a record's create failed.
+enum CreateFailure {
+    /// The id is taken (and not by this create).
+    Taken,
+    Failed(OjsError),
+}
 
 /// When a job's `expires_at` passes.
 fn expires_at(rec: &JobRecord) -> Option<chrono::DateTime<Utc>> {

@@ -6,19 +6,6 @@ use async_nats::jetstream::ErrorCode as NatsCode;
 
 use crate::domain::error::{BoxedError, ErrorCode, OjsError};
 
-/// Awaits publish acknowledgements sent without waiting (pipelined); the first failure
-/// becomes a backend error naming what was being done.
-pub(super) async fn all_stored(
-    acks: Vec<async_nats::jetstream::context::PublishAckFuture>,
-    doing: &'static str,
-) -> Result<(), OjsError> {
-    let acks = acks.into_iter().map(std::future::IntoFuture::into_future);
-    for ack in futures::future::join_all(acks).await {
-        ack.map_err(backend(doing))?;
-    }
-    Ok(())
-}
-
 /// Wraps any NATS error as a retryable backend error naming what was being done; the NATS
 /// error is kept for the log, not shown to the client.
 pub fn backend<E: Into<BoxedError>>(doing: &'static str) -> impl FnOnce(E) -> OjsError {
@@ -96,7 +83,7 @@ where
 /// What async-nats says, at any level of the error chain, when nobody answered. It spreads
 /// these over a dozen error kinds (publish, request, KV entry, stream info…) and nests them
 /// (a KV create wraps the read that failed), so their texts are the common ground.
-fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
+pub(super) fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
     const UNANSWERED: [&str; 5] = [
         "timed out",
         "no responders",

@@ -9,7 +9,7 @@ use async_nats::jetstream::message::PublishMessage;
 use futures::StreamExt;
 use tracing::warn;
 
-use super::error::{all_stored, backend};
+use super::error::backend;
 use super::records::{REMOVED_QUEUE, REMOVED_STATE};
 use super::topology::Topology;
 use super::Store;
@@ -70,23 +70,19 @@ impl Store {
     /// # Errors
     /// When a publish is not acknowledged.
     pub async fn publish_events(&self, events: &[Event]) -> Result<(), OjsError> {
-        let mut acks = Vec::with_capacity(events.len());
+        let mut sent = Vec::with_capacity(events.len());
         for event in events {
             let body = serde_json::to_vec(event).expect("events serialize");
-            let ack = self
-                .inner
-                .js
-                .send_publish(
-                    self.inner.topology.event_subject(&event.event_type),
-                    PublishMessage::build()
-                        .payload(body.into())
-                        .message_id(&event.id),
-                )
-                .await
-                .map_err(backend("publishing an event"))?;
-            acks.push(ack);
+            let message = PublishMessage::build()
+                .payload(body.into())
+                .message_id(&event.id);
+            let subject = self.inner.topology.event_subject(&event.event_type);
+            sent.push(
+                self.send(subject.into(), message, "publishing an event")
+                    .await?,
+            );
         }
-        all_stored(acks, "publishing an event").await
+        self.all_stored(sent).await
     }
 
     /// A page of events matching `q`, oldest first.

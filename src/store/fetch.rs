@@ -8,16 +8,18 @@ use async_nats::jetstream::AckKind;
 use chrono::Utc;
 use futures::future::join_all;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::cas::{pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
+use super::deadline;
 use super::puller::Puller;
 use super::records::{settle, Dispatch, Lookup};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
-use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord, Transition};
-use crate::domain::lifecycle::Delivery;
+use crate::domain::lifecycle::{self, Delivery};
 use crate::domain::rate_limit::Limits;
 use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
@@ -37,10 +39,7 @@ struct Claims {
 
 /// The failure of a FETCH whose deadline passed while NATS had not answered a step.
 fn out_of_time() -> OjsError {
-    OjsError::new(
-        ErrorCode::BackendUnavailable,
-        "NATS did not answer in time while fetching.",
-    )
+    deadline::out_of_time("fetching")
 }
 
 impl Claims {
@@ -111,16 +110,21 @@ impl Store {
     /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
     /// empty answer waits up to that long for the first job to arrive.
     ///
-    /// No NATS step starts past `wait` + `nats_timeout_ms` (the FETCH's deadline), so a
-    /// FETCH answers within that plus one NATS call even while NATS elects a leader
-    /// (architecture §3.3).
+    /// No NATS step starts or outlasts the request's deadline (`deadline.rs`: the caller
+    /// gives `wait` + `request_deadline_ms`), so a FETCH answers by then even while NATS
+    /// elects a leader (architecture §3.3). It stops waiting when `gone` is cancelled (its
+    /// client went away; the caller then hands back what it claimed, `hand_back_unsent`).
     ///
     /// # Errors
     /// `backend_error` when NATS fails before anything was claimed.
-    pub async fn fetch(&self, req: &FetchRequest) -> Result<Vec<Job>, OjsError> {
+    pub async fn fetch(
+        &self,
+        req: &FetchRequest,
+        gone: &CancellationToken,
+    ) -> Result<Vec<Job>, OjsError> {
         let started = Instant::now();
         let until = req.wait.map(|w| started + w);
-        let deadline = started + req.wait.unwrap_or_default() + self.inner.nats_timeout;
+        let deadline = deadline::current();
         let stop_waiting = &self.inner.stop_waiting;
         let mut got = Claims::default();
         loop {
@@ -129,9 +133,12 @@ impl Store {
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
             let (lanes, recheck) = self.fetch_now(req, deadline, &mut got).await;
-            let Some(until) = until
-                .filter(|u| got.is_empty() && *u > Instant::now() && !stop_waiting.is_cancelled())
-            else {
+            let Some(until) = until.filter(|u| {
+                got.is_empty()
+                    && *u > Instant::now()
+                    && !stop_waiting.is_cancelled()
+                    && !gone.is_cancelled()
+            }) else {
                 break;
             };
             // Rate-limited queues are not waited on (a delivery would skip their limit):
@@ -141,6 +148,7 @@ impl Store {
                 tokio::select! {
                     () = registry_changed => {}
                     () = stop_waiting.cancelled() => {}
+                    () = gone.cancelled() => {}
                 }
             };
             let delivered = wait_for_delivery(&lanes, until, stop).await;
@@ -162,6 +170,25 @@ impl Store {
             Some(err) if got.jobs.is_empty() => Err(err),
             _ => Ok(got.jobs),
         }
+    }
+
+    /// Hands back the jobs a FETCH claimed for a client that went away before they were
+    /// sent (`lifecycle::hand_back`): each available again at once, its attempt not
+    /// counted, its queue message delivered again first in line. One that cannot be
+    /// handed back now lapses at the end of its reservation, as before.
+    pub async fn hand_back_unsent(&self, jobs: &[Job]) {
+        let handed = jobs.iter().map(|job| async move {
+            let back = self
+                .transition(&job.id, |rec, _| Ok(lifecycle::hand_back(rec, job.attempt)))
+                .await;
+            match back {
+                Ok(settled) => self.let_go(&settled, "-NAK").await,
+                Err(err) => {
+                    warn!(job_id = %job.id, error = %err, "could not hand back a job whose FETCH went away");
+                }
+            }
+        });
+        join_all(handed).await;
     }
 
     /// Ends every long-polling FETCH now, with what it holds, and lets no later one wait:

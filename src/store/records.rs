@@ -4,13 +4,13 @@
 //! live beside: `enqueue.rs`, `fetch.rs`, `transitions.rs`; docs/architecture.md §4 gives
 //! the order of their NATS calls and what a crash between two of them leaves.
 
-use async_nats::jetstream::{context::PublishAckFuture, kv, message::PublishMessage, AckKind};
+use async_nats::jetstream::{kv, message::PublishMessage, AckKind};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{self, Cas, Replica};
-use super::error::backend;
+use super::publish::Sent;
 use super::timers::Timer;
 use super::Store;
 use crate::domain::envelope::too_large;
@@ -56,26 +56,21 @@ impl Store {
     }
 
     /// Publishes the queue message of the record's current dispatch.
-    pub(super) async fn send_dispatch(
-        &self,
-        rec: &JobRecord,
-    ) -> Result<PublishAckFuture, OjsError> {
+    pub(super) async fn send_dispatch(&self, rec: &JobRecord) -> Result<Sent, OjsError> {
         let t = &self.inner.topology;
         let body = serde_json::to_vec(&Dispatch {
             id: rec.job.id.clone(),
             dispatch: rec.dispatch,
         })
         .expect("dispatch serializes");
-        self.inner
-            .js
-            .send_publish(
-                t.queue_subject(&rec.job.queue, rec.job.priority),
-                // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
-                // after an orphaned first attempt needs its message); FETCH drops the spare.
-                PublishMessage::build().payload(body.into()),
-            )
-            .await
-            .map_err(backend("publishing a job to its queue"))
+        self.send(
+            t.queue_subject(&rec.job.queue, rec.job.priority).into(),
+            // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
+            // after an orphaned first attempt needs its message); FETCH drops the spare.
+            PublishMessage::build().payload(body.into()),
+            "publishing a job to its queue",
+        )
+        .await
     }
 
     /// What must be stored before a transition is written, so that no crash between the two
@@ -92,17 +87,12 @@ impl Store {
                 .queues
                 .ensure(&after.job.queue, after.job.priority, Utc::now())
                 .await?;
-            self.send_dispatch(after)
-                .await?
-                .await
-                .map_err(backend("publishing a job to its queue"))?;
+            self.stored(self.send_dispatch(after).await?).await?;
         }
         if let (JobState::Retryable, Some(due)) = (after.job.state, lifecycle::due_at(after)) {
             if before.job.state != JobState::Retryable {
-                self.send_timer(&Timer::promote(after, due))
-                    .await?
-                    .await
-                    .map_err(backend("publishing a timer"))?;
+                self.stored(self.send_timer(&Timer::promote(after, due)).await?)
+                    .await?;
             }
         }
         let dead_lettered = after.job.state == JobState::Discarded

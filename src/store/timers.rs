@@ -9,7 +9,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
-use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::AckKind;
 use bytes::Bytes;
@@ -19,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{self, Replica};
-use super::error::{all_stored, backend, consumer_missing, nats_failed};
+use super::deadline::answered;
+use super::error::{backend, consumer_missing, nats_failed};
+use super::publish::Sent;
 use super::records::{found, Lookup};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -173,18 +174,16 @@ pub(super) struct TimerCount(Mutex<Option<(Instant, u64)>>);
 impl Store {
     /// Publishes a timer. Callers await its acknowledgement before the write that needs it,
     /// so a waiting job always has its timer.
-    pub(super) async fn send_timer(&self, timer: &Timer) -> Result<PublishAckFuture, OjsError> {
+    pub(super) async fn send_timer(&self, timer: &Timer) -> Result<Sent, OjsError> {
         let body = serde_json::to_vec(timer).expect("timers serialize");
-        self.inner
-            .js
-            .send_publish(
-                self.inner.topology.timers_subject(),
-                // No Nats-Msg-Id: a spare timer is harmless (firing re-reads the record), a
-                // dropped one would strand the job.
-                PublishMessage::build().payload(body.into()),
-            )
-            .await
-            .map_err(backend("publishing a timer"))
+        self.send(
+            self.inner.topology.timers_subject().into(),
+            // No Nats-Msg-Id: a spare timer is harmless (firing re-reads the record), a
+            // dropped one would strand the job.
+            PublishMessage::build().payload(body.into()),
+            "publishing a timer",
+        )
+        .await
     }
 
     /// Stores deadline timers (from the leader's deadline watch), all acknowledged.
@@ -192,11 +191,11 @@ impl Store {
     /// # Errors
     /// When one is not stored; publishing them all again is harmless.
     pub async fn arm_deadlines(&self, timers: &[Timer]) -> Result<(), OjsError> {
-        let mut acks = Vec::with_capacity(timers.len());
+        let mut sent = Vec::with_capacity(timers.len());
         for timer in timers {
-            acks.push(self.send_timer(timer).await?);
+            sent.push(self.send_timer(timer).await?);
         }
-        all_stored(acks, "publishing a timer").await
+        self.all_stored(sent).await
     }
 
     /// Opens the timer feed from the start: the consumer is recreated, so every timer not
@@ -301,10 +300,11 @@ impl Store {
         self.release(&settled).await;
         let later = *later.lock().expect("deadline lock");
         if let Some(due) = later {
-            self.send_timer(&Timer::deadline(&settled.after, due))
-                .await?
-                .await
-                .map_err(backend("publishing a timer"))?;
+            self.stored(
+                self.send_timer(&Timer::deadline(&settled.after, due))
+                    .await?,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -425,12 +425,12 @@ impl Store {
 
     /// Timers in the timers stream: stored and not yet fired.
     pub(super) async fn timers_stored(&self) -> Result<u64, OjsError> {
-        let stream = self
-            .inner
-            .js
-            .get_stream(self.inner.topology.timers_stream())
-            .await
-            .map_err(backend("reading the timers stream"))?;
+        let doing = "reading the timers stream";
+        let name = self.inner.topology.timers_stream();
+        let stream = answered(doing, || self.inner.js.get_stream(&name))
+            .await?
+            .said
+            .map_err(backend(doing))?;
         Ok(stream.cached_info().state.messages)
     }
 }

@@ -166,6 +166,12 @@ impl Store {
     /// the message later, and FETCH drops it as spent; a place left taken is freed by the
     /// leader's sweep.
     pub(super) async fn release(&self, settled: &Settled) {
+        self.let_go(settled, "+ACK").await;
+    }
+
+    /// `release`, settling the message with `reply` (`+ACK`: spent; `-NAK`: deliver it
+    /// again, for a job available again under the same dispatch).
+    pub(super) async fn let_go(&self, settled: &Settled, reply: &'static str) {
         let Some(holder) = &settled.before.holder else {
             return;
         };
@@ -179,10 +185,10 @@ impl Store {
         if let Err(err) = self
             .inner
             .client
-            .publish(holder.ack_subject.clone(), "+ACK".into())
+            .publish(holder.ack_subject.clone(), reply.into())
             .await
         {
-            warn!(job_id = %settled.after.job.id, error = %err, "could not acknowledge a settled job's message");
+            warn!(job_id = %settled.after.job.id, error = %err, "could not settle a job's queue message");
         }
     }
 }

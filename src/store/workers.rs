@@ -119,10 +119,7 @@ impl Store {
         reply.state = directive.max(record.directive);
         let due = time::add(Utc::now(), self.inner.heartbeat_timeout);
         let timer = Timer::named(TimerKind::Worker, &beat.worker_id, due);
-        self.send_timer(&timer)
-            .await?
-            .await
-            .map_err(backend("publishing a worker timer"))?;
+        self.stored(self.send_timer(&timer).await?).await?;
         Ok(reply)
     }
 

@@ -13,7 +13,6 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::cas::{self, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
-use super::error::backend;
 use super::timers::{Timer, TimerKind};
 use super::Store;
 use crate::domain::envelope::{parse_job_id, too_large};
@@ -91,10 +90,11 @@ impl Store {
             .map(|(job, slot)| JobRecord::created(job, Some(slot)))
             .collect();
         let write_workflows = async {
-            self.send_timer(&self.workflow_timer(&root.0.id, now))
-                .await?
-                .await
-                .map_err(backend("publishing a timer"))?;
+            self.stored(
+                self.send_timer(&self.workflow_timer(&root.0.id, now))
+                    .await?,
+            )
+            .await?;
             for (id, rec_bytes, plan_bytes) in encoded {
                 for (key, bytes) in [(plan_key(&id), plan_bytes), (id, rec_bytes)] {
                     if let Cas::Refused(_) =
@@ -172,10 +172,11 @@ impl Store {
         let view = self.workflow(id).await?;
         // A workflow that already ended gets its 409 before any timer is published.
         workflow::cancel(&view.record, Utc::now())?;
-        self.send_timer(&self.workflow_timer(id, Utc::now()))
-            .await?
-            .await
-            .map_err(backend("publishing a timer"))?;
+        self.stored(
+            self.send_timer(&self.workflow_timer(id, Utc::now()))
+                .await?,
+        )
+        .await?;
         let (record, cancelled) = self
             .decide(id, Order::WriteFirst, |rec| {
                 workflow::cancel(rec, Utc::now())

@@ -511,3 +511,68 @@ async fn a_dead_letter_delete_racing_a_retry_never_removes_the_retried_job() {
         "the race was not exercised: {retried} retried, {deleted} deleted"
     );
 }
+
+/// A client that gives up on a long poll after 200 ms, as a worker's HTTP timeout, crash
+/// or deploy does.
+async fn fetch_gone_after_200ms(app: &common::TestApp, queue: &str) {
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let body = json!({"queues": [queue], "wait_ms": 8000, "worker_id": "w-gone"});
+    let sent = impatient
+        .post(app.url("/ojs/v1/workers/fetch"))
+        .json(&body)
+        .send()
+        .await;
+    assert!(sent.is_err(), "the long poll answered within 200 ms");
+}
+
+#[tokio::test]
+async fn a_long_poll_whose_client_went_away_claims_nothing_for_it() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    app.enqueue(job_on("left")).await;
+    app.fetch(&["left"], "w0").await;
+    fetch_gone_after_200ms(&app, "left").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let id = app.enqueue(job_on("left")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.job(&id).await["state"], "available");
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["left"], "wait_ms": 2000, "worker_id": "w-next"}),
+        )
+        .await;
+    assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()]);
+    assert_eq!(r.body["jobs"][0]["attempt"], 1);
+}
+
+#[tokio::test]
+async fn a_job_claimed_as_its_client_went_away_goes_straight_back_attempt_uncounted() {
+    let nats = NatsServer::start();
+    // The claim is written, then held 600 ms before the answer: the client is gone by then.
+    let app = spawn_app_with(Config {
+        failpoints: "fetch.claimed=delay(600)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app.enqueue(job_on("instant")).await;
+    fetch_gone_after_200ms(&app, "instant").await;
+    let back = eventually(Duration::from_secs(3), "the job handed back", || async {
+        let job = app.job(&id).await;
+        (job["state"] == "available").then_some(job)
+    })
+    .await;
+    assert_eq!(back["attempt"], 0);
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["instant"], "worker_id": "w-next"}),
+        )
+        .await;
+    let jobs = r.body["jobs"].as_array().unwrap();
+    assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()]);
+    assert_eq!(jobs[0]["attempt"], 1);
+}

@@ -30,6 +30,8 @@ pub struct Seen {
     pub failures: Vec<(Instant, &'static str, u16, Value)>,
     /// The longest request: how long, what, and its status.
     pub slowest: (Duration, &'static str, u16),
+    /// How long each request took.
+    pub latencies: Vec<Duration>,
 }
 
 impl Seen {
@@ -51,6 +53,7 @@ impl Seen {
 
     /// Notes only a request's duration.
     fn timed(&mut self, what: &'static str, started: Instant, status: u16) {
+        self.latencies.push(started.elapsed());
         self.slowest = self.slowest.max((started.elapsed(), what, status));
     }
 
@@ -62,6 +65,19 @@ impl Seen {
             let attempts = attempts.clone();
             self.twice.push((id.to_owned(), attempts));
         }
+    }
+
+    /// Asserts what the tests of faults NATS heals by itself promise on top of `check`:
+    /// no request failed at all (each waited the fault out within its deadline).
+    pub fn check_none_failed(&self) {
+        assert!(
+            self.failures.is_empty(),
+            "{} requests failed, the first: {:?}",
+            self.failures.len(),
+            self.failures
+                .first()
+                .map(|(_, what, status, body)| (what, status, body))
+        );
     }
 
     /// Asserts what every fault test promises: each accepted job ran to its ACK, none was
@@ -125,8 +141,9 @@ impl Seen {
 }
 
 /// Puts the load on through `a` and `b` (each enqueues; `b` fetches first) while `faults`
-/// runs; once it is done, stops enqueueing and waits up to a minute for every accepted
-/// job, scheduled jobs and retries too, to be acked. What `faults` returned.
+/// runs; once it is done, stops enqueueing, lets the enqueue in flight finish (it may be
+/// waiting out an election) and waits up to a minute for every accepted job, scheduled
+/// jobs and retries too, to be acked. What `faults` returned.
 pub async fn through_faults<T>(
     a: &TestApp,
     b: &TestApp,
@@ -135,19 +152,19 @@ pub async fn through_faults<T>(
 ) -> T {
     let stop_producing = AtomicBool::new(false);
     let stop_working = AtomicBool::new(false);
+    let (producers, workers) = ([a, b], [b, a]);
     let faults = async {
         let outcome = faults.await;
         stop_producing.store(true, Ordering::Relaxed);
+        outcome
+    };
+    let producing = async {
+        let (outcome, ()) = tokio::join!(faults, produce(&producers, seen, &stop_producing));
         drained(seen, Duration::from_secs(60)).await;
         stop_working.store(true, Ordering::Relaxed);
         outcome
     };
-    let (producers, workers) = ([a, b], [b, a]);
-    let (outcome, (), ()) = tokio::join!(
-        faults,
-        produce(&producers, seen, &stop_producing),
-        work(&workers, seen, &stop_working),
-    );
+    let (outcome, ()) = tokio::join!(producing, work(&workers, seen, &stop_working));
     outcome
 }
 

@@ -139,6 +139,17 @@ impl NatsServer {
         }
     }
 
+    /// Stops the server as an operator does (SIGTERM: it closes its clients and leaves
+    /// the cluster in order), waiting until it exited.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
     /// Starts it again on the same port and store.
     pub fn restart(&mut self) {
         self.kill();

@@ -295,3 +295,23 @@ async fn a_new_leader_hands_a_hundred_thousand_far_timers_back() {
     assert_eq!(metric(&next, "ojs_timers_held").await, 0);
     assert_eq!(timers_in_stream(&nats).await, n as u64);
 }
+
+/// A PUSH publishes a scheduled job's promote timer before it creates the record, and may
+/// take longer than the schedule in between (here held 1.5 s, as waiting out a NATS
+/// election does): the timer, due first, finds no record and must be fired again, not
+/// dropped — else the job stays scheduled for good.
+#[tokio::test]
+async fn a_scheduled_job_whose_record_comes_after_its_due_time_is_still_promoted() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "enqueue.published=delay(1500)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let job = json!({"type": "t.late", "args": [], "options": {"queue": "slow-push", "scheduled_at": at(300)}});
+    let id = app.enqueue(job).await;
+    eventually(Duration::from_secs(5), "the job promoted", || async {
+        (app.job(&id).await["state"] == "available").then_some(())
+    })
+    .await;
+}

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::progress::Pulse;
+use crate::domain::error::ErrorCode;
 use crate::domain::horizon::{self, Placement};
 use crate::store::{PendingTimer, ReadAhead, Store, Timer};
 use crate::telemetry::metrics::Metrics;
@@ -203,10 +204,14 @@ impl TimerScheduler {
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                             pulse.idle();
                             tokio::spawn(async move {
-                                match store.fire(&timer.timer, ahead).await {
+                                match store.fire(&timer, ahead).await {
                                     Ok(_) => {
                                         store.failpoint("scheduler.timer_fired").await;
                                         let _ = ack.send((Instant::now(), timer));
+                                    }
+                                    // Its PUSH has not written the record yet.
+                                    Err(err) if err.code == ErrorCode::NotFound => {
+                                        let _ = retry.send(timer);
                                     }
                                     Err(err) => {
                                         warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");

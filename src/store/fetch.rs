@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use super::cas::{pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use super::deadline;
 use super::puller::Puller;
-use super::records::{settle, Dispatch, Lookup};
+use super::records::{settle, Dispatch, Lookup, ORPHAN_GRACE};
 use super::Store;
 use crate::domain::claim::{self, ClaimStep, Claimant, Delivered};
 use crate::domain::error::OjsError;
@@ -24,9 +24,6 @@ use crate::domain::rate_limit::Limits;
 use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
 
-/// A queue message whose job record does not show up within this time came from an enqueue
-/// that died between its two writes (or was rolled back); it is dropped.
-const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 

@@ -21,6 +21,12 @@ use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
 use crate::domain::trail;
 
+/// A queue message or timer whose job record does not show up within this time came from an
+/// enqueue that died between its writes (or was rolled back); it is dropped. Younger ones
+/// are looked at again: a PUSH publishes them before it creates the record, and may wait out
+/// a NATS election in between (architecture §4, "NATS goes away").
+pub(super) const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What the jobs bucket holds for an id.
 pub(super) enum Lookup {
     Found(Box<JobRecord>, u64),

@@ -21,7 +21,7 @@ use super::cas::{self, Replica};
 use super::deadline::answered;
 use super::error::{backend, consumer_missing, nats_failed};
 use super::publish::Sent;
-use super::records::{found, Lookup};
+use super::records::{found, Lookup, ORPHAN_GRACE};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::horizon;
@@ -149,6 +149,8 @@ pub struct PendingTimer {
     pub timer: Timer,
     /// The timer's sequence in the timers stream: the same on every redelivery.
     pub sequence: u64,
+    /// When NATS stored it.
+    stored_at: DateTime<Utc>,
     ack_subject: String,
 }
 
@@ -246,7 +248,17 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails; the timer stays pending and is fired again later.
-    pub async fn fire(&self, timer: &Timer, ahead: Option<ReadAhead>) -> Result<(), OjsError> {
+    ///
+    /// # Errors
+    /// `not_found` for a promote or expire timer younger than `ORPHAN_GRACE` whose record
+    /// is not written yet (its PUSH is still under way): to be fired again a moment later.
+    /// Otherwise when NATS fails.
+    pub async fn fire(
+        &self,
+        pending: &PendingTimer,
+        ahead: Option<ReadAhead>,
+    ) -> Result<(), OjsError> {
+        let timer = &pending.timer;
         let ahead = ahead.map(|a| (a.record, a.revision));
         let fired = match timer.kind {
             TimerKind::Promote => self
@@ -264,8 +276,11 @@ impl Store {
                 .await
                 .map(drop),
         };
+        let awaits_its_record = matches!(timer.kind, TimerKind::Promote | TimerKind::Expire)
+            && Utc::now() - pending.stored_at
+                < chrono::Duration::from_std(ORPHAN_GRACE).expect("small");
         match fired {
-            Err(err) if err.code == ErrorCode::NotFound => Ok(()),
+            Err(err) if err.code == ErrorCode::NotFound && !awaits_its_record => Ok(()),
             other => other,
         }
     }
@@ -324,14 +339,19 @@ impl TimerFeed {
             let Some(reply) = msg.reply.as_ref() else {
                 continue;
             };
-            let Ok(sequence) = msg.info().map(|info| info.stream_sequence) else {
+            let Ok((sequence, published)) = msg
+                .info()
+                .map(|info| (info.stream_sequence, info.published))
+            else {
                 continue;
             };
+            let stored_at = DateTime::from_timestamp_nanos(published.unix_timestamp_nanos() as i64);
             match serde_json::from_slice::<Timer>(&msg.payload) {
                 Ok(timer) => {
                     return Some(PendingTimer {
                         timer,
                         sequence,
+                        stored_at,
                         ack_subject: reply.to_string(),
                     })
                 }

@@ -18,7 +18,10 @@ use ojs_jetstream::config::Config;
 /// clusters before 2.10"). Also shows the gateways' warnings when a test fails.
 async fn started_cluster() -> (NatsCluster, bool) {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("warn")
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_test_writer()
         .try_init();
     let cluster = NatsCluster::start().await;
@@ -102,14 +105,7 @@ async fn each_node_in_turn(leaving: Leaving) {
     load::describe_unfinished(&seen, &a).await;
     let seen = seen.lock().unwrap();
     seen.report(&faults, Duration::from_secs(10));
-    let mut latencies = seen.latencies.clone();
-    latencies.sort();
-    let p99 = latencies[latencies.len() * 99 / 100];
-    println!(
-        "{} requests: p99 {p99:?}, max {:?}",
-        latencies.len(),
-        latencies.last().unwrap()
-    );
+    seen.report_latencies();
     if exclusive {
         seen.check_none_failed();
         seen.check(SLOWEST);

@@ -30,8 +30,8 @@ pub struct Seen {
     pub failures: Vec<(Instant, &'static str, u16, Value)>,
     /// The longest request: how long, what, and its status.
     pub slowest: (Duration, &'static str, u16),
-    /// How long each request took.
-    pub latencies: Vec<Duration>,
+    /// How long each request took, by what it was.
+    pub latencies: BTreeMap<&'static str, Vec<Duration>>,
 }
 
 impl Seen {
@@ -53,7 +53,10 @@ impl Seen {
 
     /// Notes only a request's duration.
     fn timed(&mut self, what: &'static str, started: Instant, status: u16) {
-        self.latencies.push(started.elapsed());
+        self.latencies
+            .entry(what)
+            .or_default()
+            .push(started.elapsed());
         self.slowest = self.slowest.max((started.elapsed(), what, status));
     }
 
@@ -107,6 +110,22 @@ impl Seen {
             "a request hung: {:?}",
             self.slowest
         );
+    }
+
+    /// Prints each kind of request's latency: count, p50, p99 and max.
+    pub fn report_latencies(&self) {
+        for (what, took) in &self.latencies {
+            let mut took = took.clone();
+            took.sort();
+            let at = |q: usize| took[(took.len() - 1) * q / 100];
+            println!(
+                "{what}: {} requests, p50 {:?}, p99 {:?}, max {:?}",
+                took.len(),
+                at(50),
+                at(99),
+                at(100)
+            );
+        }
     }
 
     /// Prints the failed requests by kind, and those in the window after each fault.

@@ -87,6 +87,19 @@ pub struct Config {
     /// Most distinct priorities in use per queue (each a consumer); a job with a new one
     /// beyond it is refused with 400.
     pub max_priorities_per_queue: usize,
+    /// Most distinct queues one FETCH may name (each unknown one may cost a NATS read);
+    /// beyond it 400.
+    pub max_fetch_queues: usize,
+    /// Most distinct job ids one heartbeat may name (each is a read and a compare-and-set);
+    /// beyond it 400. At least a worker's concurrency (worker protocol §4.2: every job it
+    /// runs is listed).
+    pub max_heartbeat_jobs: usize,
+    /// Largest worker info (hostname, pid, queues, concurrency, labels, started_at) a
+    /// heartbeat may carry, in bytes of JSON; beyond it 413.
+    pub max_worker_info_bytes: usize,
+    /// Most cron entries registered; a registration of a new name beyond it is refused with
+    /// 400. Every replica keeps all of them in memory.
+    pub max_cron_entries: usize,
     /// A gateway closes its pull loop for a queue lane (two subscriptions and a task) when no
     /// FETCH has asked for it in this many milliseconds; the next FETCH opens it again.
     pub idle_puller_ms: u64,
@@ -183,6 +196,10 @@ impl Default for Config {
             request_deadline_ms: 10_000,
             max_queues: 1_000,
             max_priorities_per_queue: 16,
+            max_fetch_queues: 100,
+            max_heartbeat_jobs: 1_000,
+            max_worker_info_bytes: 64 * 1024,
+            max_cron_entries: 1_000,
             idle_puller_ms: 300_000,
             timer_horizon_ms: 60_000,
             max_pending_timers: 5_000_000,
@@ -488,6 +505,22 @@ impl Config {
         if !(1..=201).contains(&self.max_priorities_per_queue) {
             return invalid("max_priorities_per_queue", "must be 1 to 201");
         }
+        for (field, value, max) in [
+            ("max_fetch_queues", self.max_fetch_queues, 10_000),
+            // With the two below, a worker's entry (ids of 39 bytes, its info) stays far
+            // inside NATS's default 1 MiB message.
+            ("max_heartbeat_jobs", self.max_heartbeat_jobs, 10_000),
+            (
+                "max_worker_info_bytes",
+                self.max_worker_info_bytes,
+                256 * 1024,
+            ),
+            ("max_cron_entries", self.max_cron_entries, 100_000),
+        ] {
+            if !(1..=max).contains(&value) {
+                return invalid(field, &format!("must be 1 to {max}"));
+            }
+        }
         if !(100..=86_400_000).contains(&self.idle_puller_ms) {
             return invalid("idle_puller_ms", "must be 100 to 86400000 (one day)");
         }
@@ -562,6 +595,15 @@ impl Config {
 
     pub fn failpoints(&self) -> Failpoints {
         Failpoints::parse(&self.failpoints).unwrap_or_default()
+    }
+
+    /// What one worker request may name.
+    pub fn request_limits(&self) -> crate::domain::requests::Limits {
+        crate::domain::requests::Limits {
+            fetch_queues: self.max_fetch_queues,
+            heartbeat_jobs: self.max_heartbeat_jobs,
+            worker_info_bytes: self.max_worker_info_bytes,
+        }
     }
 
     pub fn visibility_timeout(&self) -> Duration {

@@ -613,3 +613,69 @@ async fn an_index_stream_deleted_by_hand_is_made_again_and_no_event_waits_for_it
     assert_eq!(stats.body["jobs"]["completed"], 1, "{}", stats.body);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn workers_are_listed_a_page_at_a_time_and_counted_without_a_key_listing() {
+    let nats = NatsServer::start();
+    let config = ojs_jetstream::config::Config {
+        heartbeat_timeout_ms: 1_500,
+        ..test_config(&nats.url)
+    };
+    let app = spawn_app_with(config.clone()).await;
+    // A second replica, whose counts come from its own copy of the registry.
+    let other = spawn_app_with(config).await;
+    for i in 0..150 {
+        let r = app
+            .post(
+                "/ojs/v1/workers/heartbeat",
+                json!({"worker_id": format!("w-{i:03}"), "active_job_ids": [], "hostname": "h"}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    app.post("/ojs/v1/admin/workers/w-007/quiet", json!({}))
+        .await;
+    let first = app.get("/ojs/v1/admin/workers").await;
+    assert_eq!(
+        first.body["summary"]["total"], 150,
+        "{}",
+        first.body["summary"]
+    );
+    assert_eq!(
+        first.body["summary"]["quiet"], 1,
+        "written through this replica"
+    );
+    let items = first.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 100);
+    assert_eq!(
+        (items[0]["id"].as_str(), items[7]["state"].as_str()),
+        (Some("w-000"), Some("quiet"))
+    );
+    assert_eq!(first.body["pagination"]["has_more"], true);
+    let second = app.get("/ojs/v1/admin/workers?page=2&per_page=100").await;
+    let ids: Vec<&str> = second.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap())
+        .collect();
+    assert_eq!((ids.len(), ids[0], ids[49]), (50, "w-100", "w-149"));
+    assert_eq!(second.body["pagination"]["has_more"], false);
+    eventually(
+        Duration::from_secs(5),
+        "the other replica to see every worker",
+        || async { (other.get("/ojs/v1/admin/stats").await.body["workers"] == 150).then_some(()) },
+    )
+    .await;
+    // Silent workers are declared dead and leave every count.
+    eventually(
+        Duration::from_secs(10),
+        "the silent workers to be removed",
+        || async {
+            let stats = other.get("/ojs/v1/admin/stats").await.body["workers"].clone();
+            let listed = app.get("/ojs/v1/admin/workers").await.body["summary"]["total"].clone();
+            (stats == 0 && listed == 0).then_some(())
+        },
+    )
+    .await;
+}

@@ -5,7 +5,8 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{eventually, spawn_app, GatewayProcess, NatsServer};
+use common::{eventually, spawn_app, spawn_app_with, test_config, GatewayProcess, NatsServer};
+use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
 fn entry(name: &str, expression: &str, queue: &str) -> Value {
@@ -195,4 +196,61 @@ async fn each_tick_fires_once_across_three_gateways_while_the_leader_dies() {
     for g in &mut others {
         g.kill();
     }
+}
+
+#[tokio::test]
+async fn entries_are_held_to_the_job_size_limit_and_their_number_is_capped() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        max_cron_entries: 2,
+        ..test_config(&nats.url)
+    })
+    .await;
+    // A template of 3 MB of args: every replica would keep it, and no tick's job fits.
+    let big = json!({"name": "big", "expression": "@daily",
+        "job_template": {"type": "cron.tick", "args": ["x".repeat(3 << 20)]}});
+    let started = std::time::Instant::now();
+    let r = app.post("/ojs/v1/cron", big).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    r.assert_error(413, "envelope_too_large");
+    let details = &r.body["error"]["details"];
+    assert!(
+        details["actual_bytes"].as_u64().unwrap() > 3 << 20,
+        "{}",
+        r.body
+    );
+    // The same limit as PUSH's.
+    let job = json!({"type": "cron.tick", "args": ["x".repeat(3 << 20)]});
+    let push = app.post("/ojs/v1/jobs", job).await;
+    push.assert_error(413, "envelope_too_large");
+    assert_eq!(
+        details["max_bytes"],
+        push.body["error"]["details"]["max_bytes"]
+    );
+    assert_eq!(app.get("/ojs/v1/cron/big").await.status, 404);
+
+    for name in ["one", "two"] {
+        let r = app.post("/ojs/v1/cron", entry(name, "@daily", "c")).await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let r = app
+        .post("/ojs/v1/cron", entry("three", "@daily", "c"))
+        .await;
+    r.assert_error(400, "invalid_request");
+    let details = &r.body["error"]["details"];
+    assert_eq!((&details["count"], &details["max"]), (&json!(2), &json!(2)));
+    assert_eq!(details["setting"], "max_cron_entries");
+    // Replacing one is no new entry; deleting one makes room.
+    let r = app.post("/ojs/v1/cron", entry("two", "@hourly", "c")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(app.delete("/ojs/v1/cron/one").await.status, 200);
+    let r = app
+        .post("/ojs/v1/cron", entry("three", "@daily", "c"))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(app.get("/ojs/v1/cron").await.body["count"], 2);
 }

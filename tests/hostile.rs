@@ -487,3 +487,144 @@ async fn a_leader_service_that_dies_hands_the_lead_to_another_replica() {
         "{metrics}"
     );
 }
+
+/// Asserts a refusal of a request whose size the client chose: the status and code, the
+/// limit and the count in the details, answered within `within`.
+fn assert_capped(
+    r: &common::Reply,
+    status: u16,
+    code: &str,
+    count: (&str, usize),
+    max: (&str, usize),
+) {
+    r.assert_error(status, code);
+    let details = &r.body["error"]["details"];
+    assert_eq!(
+        (&details[count.0], &details[max.0]),
+        (&json!(count.1), &json!(max.1)),
+        "{}",
+        r.body
+    );
+}
+
+#[tokio::test]
+async fn a_heartbeat_naming_too_many_jobs_or_carrying_too_much_info_is_refused_at_once() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    // 200,000 job ids (8 MB): each would be a read and a compare-and-set.
+    let ids: Vec<String> = (0..200_000)
+        .map(|_| uuid::Uuid::now_v7().to_string())
+        .collect();
+    let started = Instant::now();
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w", "active_jobs": ids.len(), "active_job_ids": ids}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_capped(
+        &r,
+        400,
+        "invalid_request",
+        ("count", 200_000),
+        ("max", 1_000),
+    );
+    assert_eq!(r.body["error"]["details"]["setting"], "max_heartbeat_jobs");
+    // 4 MB of worker info would outgrow the worker's entry (one NATS message).
+    let queues: Vec<String> = (0..40_000).map(|i| format!("queue-{i:093}")).collect();
+    let started = Instant::now();
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w", "active_job_ids": [], "queues": queues}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let info_bytes = serde_json::to_vec(&json!({"queues": queues}))
+        .unwrap()
+        .len();
+    assert_capped(
+        &r,
+        413,
+        "envelope_too_large",
+        ("actual_bytes", info_bytes),
+        ("max_bytes", 64 * 1024),
+    );
+    // The most a beat may name: 1,000 held jobs, all extended, in a few seconds.
+    let batch: Vec<Value> = (0..1_000).map(|_| job_on("held")).collect();
+    let r = app
+        .post("/ojs/v1/jobs/batch", json!({ "jobs": batch }))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["held"], "count": 1000, "worker_id": "w"}),
+        )
+        .await;
+    let held: Vec<&str> = common::job_ids(&r.body["jobs"]);
+    assert_eq!(held.len(), 1_000);
+    let started = Instant::now();
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w", "active_job_ids": held, "hostname": "h"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.body["jobs_extended"].as_array().unwrap().len(), 1_000);
+    let worker = app.get("/ojs/v1/admin/workers/w").await;
+    assert_eq!(
+        worker.body["worker"]["active_job_ids"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1_000
+    );
+}
+
+#[tokio::test]
+async fn a_fetch_tries_a_repeated_queue_once_and_may_name_only_so_many() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let distinct: Vec<String> = (0..20_000).map(|i| format!("nowhere-{i}")).collect();
+    let started = Instant::now();
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": distinct, "worker_id": "w"}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_capped(&r, 400, "invalid_request", ("count", 20_000), ("max", 100));
+    assert_eq!(r.body["error"]["details"]["setting"], "max_fetch_queues");
+    // The same queue 20,000 times is one queue: its job, once.
+    let id = app.enqueue(job_on("often")).await;
+    let often = vec!["often"; 20_000];
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": often, "count": 5, "worker_id": "w"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()]);
+}

@@ -576,3 +576,78 @@ async fn a_job_claimed_as_its_client_went_away_goes_straight_back_attempt_uncoun
     assert_eq!(common::job_ids(&r.body["jobs"]), [id.as_str()]);
     assert_eq!(jobs[0]["attempt"], 1);
 }
+
+/// Fails every job of `queue` (`n` of them, enqueued in batches) into the dead letter queue.
+async fn dead_letter_many(app: &common::TestApp, queue: &str, n: usize) {
+    let job = json!({"type": "t.d", "args": [], "options": {"queue": queue,
+        "retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}}});
+    for chunk in 0..n.div_ceil(1000) {
+        let jobs = vec![job.clone(); (n - chunk * 1000).min(1000)];
+        let r = app
+            .post("/ojs/v1/jobs/batch", json!({ "jobs": jobs }))
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": [queue], "count": 1000}),
+            )
+            .await;
+        let ids: Vec<String> = common::job_ids(&r.body["jobs"])
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        futures::stream::iter(ids)
+            .for_each_concurrent(32, |id| async move {
+                let r = app
+                    .nack(json!({"job_id": id, "error": {"message": "no"}}))
+                    .await;
+                assert_eq!(r.body["state"], "discarded", "{}", r.body);
+            })
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn every_dead_lettered_job_is_reachable_by_paging_and_deep_pages_are_quick() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    dead_letter_many(&app, "deep", 6_000).await;
+    dead_letter_many(&app, "beside", 300).await;
+    for (query, total) in [("queue=deep&", 6_000), ("", 6_300)] {
+        let mut seen = std::collections::HashSet::new();
+        let mut offset = 0;
+        loop {
+            let started = Instant::now();
+            let r = app
+                .get(&format!(
+                    "/ojs/v1/dead-letter?{query}limit=1000&offset={offset}"
+                ))
+                .await;
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{query}{offset}: {:?}",
+                started.elapsed()
+            );
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.body["pagination"]["total"], total);
+            let ids = common::job_ids(&r.body["jobs"]);
+            assert_eq!(
+                ids.len(),
+                1000.min(total - offset),
+                "{query}offset {offset}"
+            );
+            seen.extend(ids.iter().map(|s| s.to_string()));
+            offset += 1000;
+            assert_eq!(
+                r.body["pagination"]["has_more"],
+                offset < total,
+                "{query}{offset}"
+            );
+            if offset >= total {
+                break;
+            }
+        }
+        assert_eq!(seen.len(), total, "{query}every entry once");
+    }
+}

@@ -386,6 +386,37 @@ impl CronEntry {
     }
 }
 
+/// Refuses a registration that would outgrow what every replica keeps in memory: an entry
+/// larger as stored than `max_bytes` (`max_job_bytes`: its template becomes each tick's
+/// job, and the entry must fit in one NATS message), or a new name once `registered`
+/// entries reach `max_entries` (`max_cron_entries`).
+///
+/// # Errors
+/// 413 for the size, 400 for the count.
+pub fn admit(
+    entry: &CronEntry,
+    is_new: bool,
+    registered: usize,
+    limits: (usize, usize),
+) -> Result<(), OjsError> {
+    let (max_bytes, max_entries) = limits;
+    let bytes = serde_json::to_vec(entry).map_or(0, |b| b.len());
+    if bytes > max_bytes {
+        return Err(envelope::too_large("cron entry", bytes, max_bytes)
+            .with_detail("setting", "max_job_bytes"));
+    }
+    if is_new && registered >= max_entries {
+        return Err(OjsError::invalid(
+            "name",
+            format!("{registered} cron entries are registered, the maximum (setting max_cron_entries); delete one first."),
+        )
+        .with_detail("count", registered)
+        .with_detail("max", max_entries)
+        .with_detail("setting", "max_cron_entries"));
+    }
+    Ok(())
+}
+
 /// The id of the job a tick enqueues: the same for every leader that fires the tick, so a
 /// tick fired twice (a leader dying halfway) creates one job.
 pub fn tick_job_id(name: &str, tick: DateTime<Utc>) -> String {
@@ -547,6 +578,31 @@ mod tests {
         assert_eq!(
             ticks("0 9 * * *", "Europe/London", "2026-10-24T12:00:00Z", 2),
             ["2026-10-25T09:00:00+00:00", "2026-10-26T09:00:00+00:00"]
+        );
+    }
+
+    #[test]
+    fn an_entry_is_admitted_within_its_size_and_a_new_name_within_the_count() {
+        let body = serde_json::json!({"name": "n", "expression": "@daily",
+            "job_template": {"type": "a.b", "args": ["x".repeat(100)]}});
+        let entry =
+            CronEntry::parse(body.as_object().unwrap(), utc("2026-02-12T10:30:00Z")).unwrap();
+        let bytes = serde_json::to_vec(&entry).unwrap().len();
+        assert!(admit(&entry, true, 9, (bytes, 10)).is_ok());
+        let err = admit(&entry, true, 9, (bytes - 1, 10)).unwrap_err();
+        assert_eq!(err.code, crate::domain::error::ErrorCode::EnvelopeTooLarge);
+        assert_eq!(
+            (&err.details["actual_bytes"], &err.details["max_bytes"]),
+            (&serde_json::json!(bytes), &serde_json::json!(bytes - 1))
+        );
+        let err = admit(&entry, true, 10, (bytes, 10)).unwrap_err();
+        assert_eq!(
+            (&err.details["count"], &err.details["max"]),
+            (&serde_json::json!(10), &serde_json::json!(10))
+        );
+        assert!(
+            admit(&entry, false, 10, (bytes, 10)).is_ok(),
+            "a replacement"
         );
     }
 

@@ -71,6 +71,20 @@ pub fn object<'a>(
     }
 }
 
+/// 400: `field` names `count` distinct items, more than the `max` the setting `setting`
+/// allows. Each item costs NATS work, so the cap keeps one request's cost bounded.
+pub fn too_many(field: &str, count: usize, max: usize, setting: &str) -> OjsError {
+    OjsError::invalid(
+        field,
+        format!(
+            "{field} names {count} distinct items, over the maximum of {max} (setting {setting})."
+        ),
+    )
+    .with_detail("count", count)
+    .with_detail("max", max)
+    .with_detail("setting", setting)
+}
+
 /// An array; `expected` says of what, for the error.
 pub fn array<'a>(
     v: Option<&'a Value>,

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::envelope::{parse_job_id, too_large, validate_queue};
 use super::error::OjsError;
-use super::fields::{self, missing, present, truncated};
+use super::fields::{self, missing, present, too_many, truncated};
 use super::lifecycle::{Failure, MAX_ERROR_BYTES};
 use super::worker::validate_worker_id;
 
@@ -29,6 +29,19 @@ const WORKER_INFO: [&str; 6] = [
 
 /// Highest weight of a queue in a weighted FETCH.
 pub const MAX_QUEUE_WEIGHT: u64 = 1000;
+
+/// What one worker request may name, each item being NATS work (settings
+/// `max_fetch_queues`, `max_heartbeat_jobs`, `max_worker_info_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Distinct queues per FETCH: each unknown one may cost a registry read.
+    pub fetch_queues: usize,
+    /// Distinct job ids per heartbeat: each is a read and a compare-and-set.
+    pub heartbeat_jobs: usize,
+    /// The worker info a heartbeat keeps (hostname, queues, labels…) as JSON: it is
+    /// written into the worker's entry, which must fit in one NATS message.
+    pub worker_info_bytes: usize,
+}
 
 /// A FETCH (core §7.2).
 #[derive(Debug, Clone, PartialEq)]
@@ -76,9 +89,12 @@ pub struct BeatRequest {
     pub info: Map<String, Value>,
 }
 
+/// A queue named twice is tried once, at its first place (with its first weight).
+///
 /// # Errors
-/// 400 naming the first field that breaks a rule.
-pub fn fetch(body: &Map<String, Value>) -> Result<FetchRequest, OjsError> {
+/// 400 naming the first field that breaks a rule; more distinct queues than
+/// `limits.fetch_queues`.
+pub fn fetch(body: &Map<String, Value>, limits: &Limits) -> Result<FetchRequest, OjsError> {
     const SHAPE: &str = "an array of queue names (or {\"name\", \"weight\"} objects)";
     let listed = fields::array(body.get("queues"), "queues", SHAPE)?;
     let queues = match listed {
@@ -124,7 +140,19 @@ pub fn fetch(body: &Map<String, Value>) -> Result<FetchRequest, OjsError> {
     };
     let count = fields::integer(body.get("count"), "count", 1..=MAX_FETCH)?.unwrap_or(1);
     let wait = fields::integer(body.get("wait_ms"), "wait_ms", 0..=MAX_FETCH_WAIT_MS)?;
-    let (queues, weights) = queues.into_iter().unzip();
+    let mut seen = std::collections::HashSet::new();
+    let (queues, weights): (Vec<String>, Vec<u64>) = queues
+        .into_iter()
+        .filter(|(name, _)| seen.insert(name.clone()))
+        .unzip();
+    if queues.len() > limits.fetch_queues {
+        return Err(too_many(
+            "queues",
+            queues.len(),
+            limits.fetch_queues,
+            "max_fetch_queues",
+        ));
+    }
     Ok(FetchRequest {
         queues,
         weights: weighted.then_some(weights),
@@ -183,8 +211,9 @@ pub fn fail(body: &Map<String, Value>) -> Result<FailRequest, OjsError> {
 /// a job this worker holds, so it is left out rather than refused.
 ///
 /// # Errors
-/// 400 for a missing `worker_id` or a mistyped field.
-pub fn heartbeat(body: &Map<String, Value>) -> Result<BeatRequest, OjsError> {
+/// 400 for a missing `worker_id`, a mistyped field or more distinct job ids than
+/// `limits.heartbeat_jobs`; 413 for worker info over `limits.worker_info_bytes`.
+pub fn heartbeat(body: &Map<String, Value>, limits: &Limits) -> Result<BeatRequest, OjsError> {
     let worker_id = worker_id(body)?.ok_or_else(|| missing("worker_id", "the worker's id"))?;
     let mut ids = Vec::new();
     for key in ["active_jobs", "active_job_ids"] {
@@ -203,10 +232,25 @@ pub fn heartbeat(body: &Map<String, Value>) -> Result<BeatRequest, OjsError> {
     }
     ids.sort();
     ids.dedup();
-    let info = WORKER_INFO
+    if ids.len() > limits.heartbeat_jobs {
+        return Err(too_many(
+            "active_job_ids",
+            ids.len(),
+            limits.heartbeat_jobs,
+            "max_heartbeat_jobs",
+        ));
+    }
+    let info: Map<String, Value> = WORKER_INFO
         .into_iter()
         .filter_map(|k| body.get(k).map(|v| (k.to_owned(), v.clone())))
         .collect();
+    let info_bytes = serde_json::to_vec(&info).map_or(0, |b| b.len());
+    if info_bytes > limits.worker_info_bytes {
+        return Err(
+            too_large("worker info", info_bytes, limits.worker_info_bytes)
+                .with_detail("setting", "max_worker_info_bytes"),
+        );
+    }
     Ok(BeatRequest {
         worker_id,
         active_job_ids: ids,
@@ -264,6 +308,68 @@ mod tests {
     use crate::domain::error::ErrorCode;
 
     const ID: &str = "019539a4-0000-7000-8000-000000000000";
+    const LIMITS: Limits = Limits {
+        fetch_queues: 3,
+        heartbeat_jobs: 2,
+        worker_info_bytes: 64,
+    };
+
+    fn fetch(body: &Map<String, Value>) -> Result<FetchRequest, OjsError> {
+        super::fetch(body, &LIMITS)
+    }
+
+    fn heartbeat(body: &Map<String, Value>) -> Result<BeatRequest, OjsError> {
+        super::heartbeat(body, &LIMITS)
+    }
+
+    #[test]
+    fn fetch_tries_a_repeated_queue_once_and_caps_the_distinct_ones() {
+        let req = fetch(&body(json!({
+            "queues": [{"name": "a", "weight": 3}, "b", "a", "b", "c", "c"],
+            "strategy": "weighted",
+        })))
+        .unwrap();
+        assert_eq!(req.queues, ["a", "b", "c"]);
+        assert_eq!(req.weights, Some(vec![3, 1, 1]));
+        let err = fetch(&body(json!({"queues": ["a", "b", "c", "d", "a"]}))).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert_eq!(
+            (
+                &err.details["field"],
+                &err.details["count"],
+                &err.details["max"]
+            ),
+            (&json!("queues"), &json!(4), &json!(3))
+        );
+        assert_eq!(err.details["setting"], "max_fetch_queues");
+    }
+
+    #[test]
+    fn heartbeat_caps_its_distinct_job_ids_and_its_worker_info() {
+        let third = "019539a4-0000-7000-8000-000000000002";
+        let other = "019539a4-0000-7000-8000-000000000001";
+        let twice = json!({"worker_id": "w", "active_job_ids": [ID, other, ID, other]});
+        assert_eq!(heartbeat(&body(twice)).unwrap().active_job_ids.len(), 2);
+        let err = heartbeat(&body(
+            json!({"worker_id": "w", "active_job_ids": [ID, other], "job_id": third}),
+        ))
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert_eq!(
+            (
+                &err.details["count"],
+                &err.details["max"],
+                &err.details["setting"]
+            ),
+            (&json!(3), &json!(2), &json!("max_heartbeat_jobs"))
+        );
+        let info =
+            json!({"worker_id": "w", "hostname": "h".repeat(40), "labels": ["l".repeat(20)]});
+        let err = heartbeat(&body(info)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::EnvelopeTooLarge);
+        assert_eq!(err.details["max_bytes"], 64);
+        assert_eq!(err.details["actual_bytes"], 89);
+    }
 
     #[test]
     fn a_strict_fetch_tries_queues_as_listed_and_a_weighted_one_draws_by_weight() {

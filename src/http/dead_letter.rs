@@ -14,8 +14,7 @@ use crate::domain::envelope::validate_queue;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
-/// Listing walks at most a few thousand entries (`SCAN_LIMIT` in the store); an offset past
-/// the retention count can only give an empty page.
+/// An offset past the retention count (`dead_letter_max_count`) can only give an empty page.
 const MAX_OFFSET: usize = 1_000_000;
 
 pub async fn list(
@@ -29,7 +28,8 @@ pub async fn list(
         validate_queue(q)?;
     }
     let page = state.store.dead_letters(queue, limit, offset).await?;
-    let has_more = (offset + page.jobs.len()) < page.total as usize;
+    // Positions, not jobs: a stale entry takes one and shows nothing.
+    let has_more = offset.saturating_add(limit) < page.total as usize;
     Ok(respond(
         StatusCode::OK,
         &json!({

@@ -19,7 +19,7 @@ pub async fn fetch(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let req = requests::fetch(&body)?;
+    let req = requests::fetch(&body, &state.config.request_limits())?;
     // The deadline of every NATS step: the wait, then the request's own time.
     let deadline = Instant::now() + req.wait.unwrap_or_default() + state.config.request_deadline();
     // A spawned task finishes its claims even if the client goes away mid-request, so no
@@ -109,7 +109,7 @@ pub async fn heartbeat(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let beat = requests::heartbeat(&body)?;
+    let beat = requests::heartbeat(&body, &state.config.request_limits())?;
     let reply = state
         .store
         .heartbeat(&beat, state.config.allow_reset)

@@ -474,7 +474,7 @@ impl Store {
         max: usize,
     ) -> Result<(u64, usize), OjsError> {
         let stream = self.inner.topology.depth_stream(queue);
-        let tokens = self.read_stream_from(&stream, from, max).await?;
+        let tokens = self.read_stream_from(&stream, None, from, max).await?;
         let now_ms = Utc::now().timestamp_millis();
         let old: Vec<_> = tokens
             .into_iter()

@@ -13,7 +13,7 @@ use super::error::backend;
 use super::mirror::Mirror;
 use super::topology::encode_queue;
 use super::Store;
-use crate::domain::cron::{tick_job_id, CronEntry, OverlapPolicy};
+use crate::domain::cron::{self, tick_job_id, CronEntry, OverlapPolicy};
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::event::Event;
@@ -39,7 +39,8 @@ impl Store {
     /// existing entry are kept; the next run is computed now. `true` when it is new.
     ///
     /// # Errors
-    /// When NATS fails.
+    /// 413 for an entry over `max_job_bytes`, 400 for a new one past `max_cron_entries`
+    /// (counted in this replica's mirror); when NATS fails.
     pub async fn register_cron(&self, mut entry: CronEntry) -> Result<(CronEntry, bool), OjsError> {
         let key = encode_queue(&entry.name);
         entry.next_run_at = if entry.enabled {
@@ -47,6 +48,13 @@ impl Store {
         } else {
             None
         };
+        let mirror = &self.inner.cron;
+        cron::admit(
+            &entry,
+            !mirror.contains(&key),
+            mirror.len(),
+            (self.max_job_bytes(), self.inner.max_cron_entries),
+        )?;
         let mut is_new = false;
         let written = cas::change(
             &self.inner.cron_kv,

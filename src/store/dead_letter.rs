@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -25,9 +25,6 @@ use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;
 
-/// Entries examined at most per listing, so stale entries cannot make one request long.
-const SCAN_LIMIT: u64 = 5_000;
-
 #[derive(Debug, Serialize, Deserialize)]
 struct Entry {
     id: String,
@@ -37,7 +34,7 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct DeadLetterPage {
     pub jobs: Vec<Job>,
-    /// Entries in the queue (or in the named queue), from the stream's own counts.
+    /// Entries in the queue (or in the named queue), stale ones included.
     pub total: u64,
 }
 
@@ -75,7 +72,12 @@ impl Store {
         Ok(self.stored(sent).await?.sequence)
     }
 
-    /// Lists dead-lettered jobs newest first, optionally of one queue.
+    /// Lists dead-lettered jobs newest first, optionally of one queue: the entries at
+    /// positions `offset` to `offset + limit` from the newest (stale ones take a position
+    /// and show nothing). The entries are read oldest first in one go up to the page
+    /// (a filtered consumer: a few NATS requests, at most `dead_letter_max_count` small
+    /// messages), then the page's jobs, 32 at a time; so every entry retention keeps is
+    /// reachable, and a page costs O(its size) NATS calls wherever it lies.
     ///
     /// # Errors
     /// When NATS fails.
@@ -86,58 +88,34 @@ impl Store {
         offset: usize,
     ) -> Result<DeadLetterPage, OjsError> {
         let t = &self.inner.topology;
-        let stream = &self.inner.dead_letter;
         let subject = queue.map(|q| t.dead_letter_subject(q));
-        let info = match &subject {
-            Some(s) => self.subject_counts(s).await?,
-            None => stream
-                .get_info()
-                .await
-                .map(|i| {
-                    (
-                        i.state.first_sequence,
-                        i.state.last_sequence,
-                        i.state.messages,
-                    )
-                })
-                .map_err(backend("reading the dead letter queue"))?,
-        };
-        let (first, last, total) = info;
-        let mut page = DeadLetterPage {
-            jobs: Vec::new(),
-            total,
-        };
-        let mut skipped = 0;
-        let mut seq = last;
-        while seq >= first.max(1) && last - seq < SCAN_LIMIT && page.jobs.len() < limit {
-            let current = seq;
-            seq -= 1;
-            let Ok(msg) = stream.direct_get(current).await else {
-                continue;
-            };
-            if subject
-                .as_deref()
-                .is_some_and(|s| msg.subject.as_str() != s)
-            {
-                continue;
-            }
-            let Ok(entry) = serde_json::from_slice::<Entry>(&msg.payload) else {
-                continue;
-            };
-            let Some((rec, _)) = self.read(&entry.id, Replica::Nearest).await? else {
-                continue;
-            };
-            // Only the job's current entry counts; a retried job left a stale one.
-            if rec.dead_letter != Some(current) {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            page.jobs.push(rec.job);
-        }
-        Ok(page)
+        let entries = self
+            .read_stream_from(&t.dead_letter_stream(), subject.as_deref(), 1, usize::MAX)
+            .await?;
+        let page: Vec<(u64, Entry)> = entries
+            .iter()
+            .rev()
+            .skip(offset)
+            .take(limit)
+            .filter_map(|e| Some((e.sequence, serde_json::from_slice(&e.payload).ok()?)))
+            .collect();
+        let records = futures::stream::iter(page)
+            .map(|(sequence, entry)| async move {
+                let found = self.read(&entry.id, Replica::Nearest).await?;
+                // Only the job's current entry counts; a retried job left a stale one.
+                Ok::<_, OjsError>(found.filter(|(rec, _)| rec.dead_letter == Some(sequence)))
+            })
+            .buffered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(DeadLetterPage {
+            jobs: records
+                .into_iter()
+                .flatten()
+                .map(|(rec, _)| rec.job)
+                .collect(),
+            total: entries.len() as u64,
+        })
     }
 
     /// A job in the dead letter queue.
@@ -288,7 +266,7 @@ impl Store {
     /// When NATS fails.
     pub async fn dead_letter_count(&self, queue: &str) -> Result<u64, OjsError> {
         let subject = self.inner.topology.dead_letter_subject(queue);
-        Ok(self.subject_counts(&subject).await?.2)
+        self.subject_count(&subject).await
     }
 
     /// Counts by queue and the oldest and newest entries' times: one stream info with
@@ -348,25 +326,20 @@ impl Store {
         Ok(info.state.messages)
     }
 
-    /// First and last sequence of the dead-letter stream, and the count of one subject in
-    /// it.
-    async fn subject_counts(&self, subject: &str) -> Result<(u64, u64, u64), OjsError> {
+    /// How many entries of the dead-letter stream are on `subject`.
+    async fn subject_count(&self, subject: &str) -> Result<u64, OjsError> {
         let mut info = self
             .inner
             .dead_letter
             .info_with_subjects(subject)
             .await
             .map_err(backend("reading the dead letter queue"))?;
-        let (first, last) = (
-            info.info.state.first_sequence,
-            info.info.state.last_sequence,
-        );
         let mut count = 0;
         while let Some(Ok((name, n))) = info.next().await {
             if name == subject {
                 count = n as u64;
             }
         }
-        Ok((first, last, count))
+        Ok(count)
     }
 }

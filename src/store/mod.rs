@@ -113,6 +113,8 @@ struct Inner {
     batches: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     cron: cron::CronMirror,
+    /// Every worker in brief, for listings and counts without a key listing.
+    worker_list: workers::WorkerMirror,
     queues: QueueRegistry,
     /// Records this gateway wrote last: the first guess of a compare-and-set.
     recent: recent::RecentRecords,
@@ -148,6 +150,8 @@ struct Inner {
     timer_horizon_ms: u64,
     /// PUSH's cap on pending timers, and the count it is checked against.
     max_pending_timers: u64,
+    /// Most cron entries registered (`max_cron_entries`).
+    max_cron_entries: usize,
     timer_count: timers::TimerCount,
     /// Bounded queues' depths as last read, for the pressure headers (`backpressure.rs`).
     depths: backpressure::DepthCache,
@@ -241,6 +245,8 @@ impl Store {
         )
         .await?;
         let cron = mirror::Mirror::start(&cron_kv, &client, topology.reset_subject()).await?;
+        let worker_list =
+            mirror::Mirror::start(&workers, &client, topology.reset_subject()).await?;
         let handled =
             handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
         let leases = ensure_bucket(
@@ -292,6 +298,7 @@ impl Store {
                 unique,
                 batches,
                 cron,
+                worker_list,
                 queues,
                 recent: recent::RecentRecords::new(RECENT_RECORDS),
                 handled,
@@ -314,6 +321,7 @@ impl Store {
                     .min(server_max.saturating_sub(4096)),
                 timer_horizon_ms: cfg.timer_horizon_ms,
                 max_pending_timers: cfg.max_pending_timers,
+                max_cron_entries: cfg.max_cron_entries,
                 timer_count: timers::TimerCount::default(),
                 depths: backpressure::DepthCache::default(),
                 progress: std::sync::Mutex::default(),
@@ -437,6 +445,7 @@ impl Store {
         self.restart_counting().await?;
         self.inner.queues.clear();
         self.inner.cron.clear();
+        self.inner.worker_list.clear();
         self.inner
             .client
             .publish(t.reset_subject(), bytes::Bytes::new())

@@ -238,7 +238,7 @@ impl Store {
     pub async fn sweep_slots(&self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
         let stream = self.inner.topology.slot_stream(queue);
         let places = self
-            .read_stream_from(&stream, 1, rate_limit::MAX_CONCURRENCY as usize)
+            .read_stream_from(&stream, None, 1, rate_limit::MAX_CONCURRENCY as usize)
             .await?;
         let mut freed = 0;
         for place in places {

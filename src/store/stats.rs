@@ -114,22 +114,14 @@ impl Store {
     }
 
     /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
-    /// leader reports. Costs one read per registered queue, a listing of the worker
-    /// registry and two stream-info requests — per scrape, on the leader only.
+    /// leader reports. Costs one read per registered queue and two stream-info requests —
+    /// per scrape, on the leader only; workers are counted in memory.
     ///
     /// # Errors
     /// When NATS fails.
     pub async fn cluster_totals(&self) -> Result<ClusterTotals, OjsError> {
         let queues = self.all_queue_counts().await?;
-        let workers = self
-            .inner
-            .workers
-            .keys()
-            .await
-            .map_err(backend("listing the worker registry"))?
-            .try_fold(0u64, |n, _| async move { Ok(n + 1) })
-            .await
-            .map_err(backend("listing the worker registry"))?;
+        let workers = self.worker_count() as u64;
         let counted = self.counted_through().await?;
         Ok(ClusterTotals {
             queues,

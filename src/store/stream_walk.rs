@@ -1,5 +1,6 @@
 //! Reading a stream's messages in order from a sequence, for the leader's sweeps of running
-//! places (`rate_limit.rs`) and depth tokens (`backpressure.rs`).
+//! places (`rate_limit.rs`) and depth tokens (`backpressure.rs`), and for the dead letter
+//! queue's pages (`dead_letter.rs`).
 
 use std::time::Duration;
 
@@ -19,14 +20,16 @@ pub(super) struct Stored {
 }
 
 impl Store {
-    /// At most `max` messages of `stream` from sequence `from` on, in order, through an
-    /// ephemeral consumer (memory, no acks) deleted afterwards.
+    /// At most `max` messages of `stream` (on `subject`, else all) from sequence `from` on,
+    /// in order, through an ephemeral consumer (memory, no acks) deleted afterwards: a few
+    /// NATS requests, however many messages.
     ///
     /// # Errors
     /// When NATS fails.
     pub(super) async fn read_stream_from(
         &self,
         stream: &str,
+        subject: Option<&str>,
         from: u64,
         max: usize,
     ) -> Result<Vec<Stored>, OjsError> {
@@ -47,6 +50,7 @@ impl Store {
                 ack_policy: AckPolicy::None,
                 inactive_threshold: Duration::from_secs(10),
                 memory_storage: true,
+                filter_subject: subject.unwrap_or_default().to_owned(),
                 ..Default::default()
             })
             .await
@@ -54,10 +58,13 @@ impl Store {
         let pending =
             (consumer.info().await.map_err(backend(doing))?.num_pending as usize).min(max);
         let mut stored = Vec::with_capacity(pending);
-        if pending > 0 {
+        // Pull until all are read, or a pull brings nothing (they went meanwhile).
+        let mut pulled = true;
+        while stored.len() < pending && pulled {
+            pulled = false;
             let mut messages = consumer
                 .fetch()
-                .max_messages(pending)
+                .max_messages(pending - stored.len())
                 .expires(Duration::from_secs(1))
                 .messages()
                 .await
@@ -66,6 +73,7 @@ impl Store {
                 let Some(message) = messages.next().await else {
                     break;
                 };
+                pulled = true;
                 let message = message.map_err(backend(doing))?;
                 let info = message.info().map_err(backend(doing))?;
                 stored.push(Stored {

@@ -2,15 +2,17 @@
 //! a worker holds, the worker registry with last-seen times and operator directives, and
 //! dead-worker recovery for workers that stop heartbeating.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use futures::future::join_all;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::warn;
 
+use super::batches::AT_ONCE;
 use super::cas::{self, Replica};
-use super::error::backend;
+use super::mirror::Mirror;
 use super::timers::{Timer, TimerKind};
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -38,6 +40,29 @@ pub struct WorkerRecord {
     /// What else the worker said about itself (hostname, pid, queues, concurrency, labels).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub info: Map<String, Value>,
+}
+
+/// What every replica keeps of a worker (a watch of the workers bucket): enough to count
+/// and page the workers without listing keys, and small whatever the worker sent.
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct WorkerSummary {
+    worker_id: String,
+    directive: WorkerState,
+    #[serde(with = "time::millis")]
+    last_seen: DateTime<Utc>,
+}
+
+pub(super) type WorkerMirror = Arc<Mirror<WorkerSummary>>;
+
+/// How many workers the registry holds, by the state operators see (admin spec §9.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerCensus {
+    pub total: usize,
+    pub running: usize,
+    pub quiet: usize,
+    pub terminate: usize,
+    /// Silent past the heartbeat timeout, not yet declared dead.
+    pub stale: usize,
 }
 
 /// What the server answers a heartbeat.
@@ -76,9 +101,9 @@ impl Store {
     ) -> Result<BeatReply, OjsError> {
         let visibility = beat.visibility;
         let default_visibility = self.inner.visibility_timeout;
-        let extended = beat.active_job_ids.iter().map(|id| async move {
+        let extended = beat.active_job_ids.iter().cloned().map(|id| async move {
             let settled = self
-                .transition(id, |rec, now| {
+                .transition(&id, |rec, now| {
                     let vis = lifecycle::beat_visibility(rec, visibility, default_visibility);
                     Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))
                 })
@@ -91,7 +116,12 @@ impl Store {
             jobs_cancelled: Vec::new(),
         };
         let mut directive = WorkerState::Running;
-        for (id, settled) in join_all(extended).await {
+        // In order, a few at a time: a beat naming many jobs must not flood NATS.
+        let settled: Vec<_> = futures::stream::iter(extended)
+            .buffered(AT_ONCE)
+            .collect()
+            .await;
+        for (id, settled) in settled {
             match settled {
                 Ok(s) => {
                     if s.after.transition == Transition::Heartbeat && s.after != s.before {
@@ -177,41 +207,53 @@ impl Store {
             .ok_or_else(|| OjsError::not_found("worker", worker_id))
     }
 
-    /// Every worker in the registry, with whether it is stale (silent past the heartbeat
-    /// timeout, not yet declared dead). O(workers): a key listing and a get per worker.
+    /// The registry's workers counted from this replica's mirror, and the page of them
+    /// from `offset` (by worker id) with whether each is stale (silent past the heartbeat
+    /// timeout, not yet declared dead). One get per worker of the page, 32 at a time.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn workers(&self) -> Result<Vec<(WorkerRecord, bool)>, OjsError> {
-        let keys: Vec<String> = self
-            .inner
-            .workers
-            .keys()
-            .await
-            .map_err(backend("listing the worker registry"))?
-            .try_collect()
-            .await
-            .map_err(backend("listing the worker registry"))?;
+    pub async fn workers(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(WorkerCensus, Vec<(WorkerRecord, bool)>), OjsError> {
         let now = Utc::now();
-        let reads = futures::stream::iter(keys)
-            .map(|key| async move {
-                cas::read::<WorkerRecord>(&self.inner.workers, &key, Replica::Nearest, "worker")
-                    .await
-            })
+        let stale = |last_seen: DateTime<Utc>| {
+            (now - last_seen).to_std().unwrap_or_default() >= self.inner.heartbeat_timeout
+        };
+        let mut census = WorkerCensus::default();
+        let mut ids = Vec::new();
+        for w in self.inner.worker_list.values() {
+            census.total += 1;
+            *match (stale(w.last_seen), w.directive) {
+                (true, _) => &mut census.stale,
+                (false, WorkerState::Running) => &mut census.running,
+                (false, WorkerState::Quiet) => &mut census.quiet,
+                (false, WorkerState::Terminate) => &mut census.terminate,
+            } += 1;
+            ids.push(w.worker_id);
+        }
+        ids.sort_unstable();
+        let reads = futures::stream::iter(ids.into_iter().skip(offset).take(limit))
+            .map(|id| async move { self.read_worker(&id).await })
             .buffered(32)
             .try_collect::<Vec<_>>()
             .await?;
-        let mut workers: Vec<(WorkerRecord, bool)> = reads
+        let page = reads
             .into_iter()
-            .filter_map(|current| current.value)
-            .map(|rec| {
-                let silent = (now - rec.last_seen).to_std().unwrap_or_default();
-                let stale = silent >= self.inner.heartbeat_timeout;
+            .flatten()
+            .map(|(rec, _)| {
+                let stale = stale(rec.last_seen);
                 (rec, stale)
             })
             .collect();
-        workers.sort_by(|a, b| a.0.worker_id.cmp(&b.0.worker_id));
-        Ok(workers)
+        Ok((census, page))
+    }
+
+    /// How many workers the registry holds, from this replica's mirror.
+    pub fn worker_count(&self) -> usize {
+        self.inner.worker_list.len()
     }
 
     /// An operator removes a stale worker (admin spec §9.4): its jobs go back to their
@@ -258,11 +300,13 @@ impl Store {
                 Err(err) => return Err(err),
             }
         }
-        // Only if it stayed silent meanwhile; a worker that came back keeps its entry.
+        // Only if it stayed silent meanwhile; a worker that came back keeps its entry. A
+        // delete marker, not a purge: on nats-server 2.9 a purge makes the replicas'
+        // watches skip other workers' changes (architecture §2, removal markers).
         let _ = self
             .inner
             .workers
-            .purge_expect_revision(worker_key(worker_id), Some(revision))
+            .delete_expect_revision(worker_key(worker_id), Some(revision))
             .await;
         Ok(())
     }
@@ -285,6 +329,14 @@ impl Store {
     {
         let key = worker_key(worker_id);
         let written = cas::change(&self.inner.workers, &key, "worker", worker_id, change).await?;
+        let summary = written.value.as_ref().map(|rec| WorkerSummary {
+            worker_id: rec.worker_id.clone(),
+            directive: rec.directive,
+            last_seen: rec.last_seen,
+        });
+        self.inner
+            .worker_list
+            .remember(&key, written.revision, summary);
         Ok(written.value)
     }
 }

@@ -1,7 +1,9 @@
 //! Workers for operators (admin spec §9): every worker with its state, one worker, the
 //! quiet and terminate directives answered on its next heartbeat, and removing a stale one.
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
@@ -10,25 +12,33 @@ use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
 use crate::domain::time::format;
 use crate::domain::worker::is_worker_id;
+use crate::http::extract::{pagination, paging};
 use crate::http::{respond, ApiError, SharedState};
 use crate::store::{WorkerRecord, WorkerState};
 
-/// `GET /admin/workers`: `{items, summary: {total, running, quiet, stale}, pagination}`.
-pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
-    let workers = state.store.workers().await?;
+const DEFAULT_PER_PAGE: usize = 100;
+const MAX_PER_PAGE: usize = 1000;
+
+/// `GET /admin/workers`: `{items, summary: {total, running, quiet, terminate, stale},
+/// pagination}`, a page at a time (`page`/`per_page` or `limit`/`offset`) by worker id.
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let (limit, offset) = paging(&params, DEFAULT_PER_PAGE, MAX_PER_PAGE)?;
+    let (census, workers) = state.store.workers(offset, limit).await?;
     let items: Vec<Value> = workers.iter().map(|(w, stale)| item(w, *stale)).collect();
-    let count = |s: &str| items.iter().filter(|i| i["state"] == s).count();
     Ok(respond(
         StatusCode::OK,
         &json!({
             "summary": {
-                "total": items.len(),
-                "running": count("running"),
-                "quiet": count("quiet"),
-                "terminate": count("terminate"),
-                "stale": count("stale"),
+                "total": census.total,
+                "running": census.running,
+                "quiet": census.quiet,
+                "terminate": census.terminate,
+                "stale": census.stale,
             },
-            "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
+            "pagination": pagination(census.total, limit, offset, items.len()),
             "items": items,
         }),
     ))

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{self, Replica};
-use super::deadline::answered;
+use super::deadline::{self, answered};
 use super::error::{backend, consumer_missing, nats_failed};
 use super::publish::Sent;
 use super::records::{found, Lookup, ORPHAN_GRACE};
@@ -168,6 +168,8 @@ pub const MAX_ACK_PENDING: i64 = 10_000_000;
 
 /// How long a timer count read from the stream is used for PUSH's cap check.
 const TIMER_COUNT_TTL: Duration = Duration::from_secs(1);
+/// How long a PUSH waits to refresh an outdated timer count before it uses the outdated one.
+const STALE_COUNT_WAIT: Duration = Duration::from_secs(1);
 
 /// The timers stream's message count, as last read.
 #[derive(Default)]
@@ -431,16 +433,26 @@ impl Store {
             return Ok(());
         }
         let cached = *self.inner.timer_count.0.lock().expect("timer count lock");
-        let pending = match cached {
-            Some((read, count)) if read.elapsed() < TIMER_COUNT_TTL => count,
-            _ => {
-                let count = self.timers_stored().await?;
-                *self.inner.timer_count.0.lock().expect("timer count lock") =
-                    Some((Instant::now(), count));
-                count
+        let refreshed = match cached {
+            Some((read, count)) if read.elapsed() < TIMER_COUNT_TTL => {
+                return horizon::admit(count, adding, self.inner.max_pending_timers)
             }
+            // The cap bounds memory, not an exact count: while the stream's leader is being
+            // elected, the count last read serves rather than holding the PUSH up.
+            Some((_, count)) => {
+                let soon = deadline::current().min(tokio::time::Instant::now() + STALE_COUNT_WAIT);
+                match deadline::within(soon, self.timers_stored()).await {
+                    Err(err) if err.code == ErrorCode::BackendUnavailable => {
+                        return horizon::admit(count, adding, self.inner.max_pending_timers)
+                    }
+                    other => other?,
+                }
+            }
+            None => self.timers_stored().await?,
         };
-        horizon::admit(pending, adding, self.inner.max_pending_timers)
+        *self.inner.timer_count.0.lock().expect("timer count lock") =
+            Some((Instant::now(), refreshed));
+        horizon::admit(refreshed, adding, self.inner.max_pending_timers)
     }
 
     /// Timers in the timers stream: stored and not yet fired.

@@ -90,7 +90,7 @@ async fn a_refused_batch_nobody_claimed_leaves_nothing() {
     assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
 }
 
-/// A FETCH whose claim is held past its deadline (`wait_ms` + `nats_timeout_ms`, the
+/// A FETCH whose claim is held past its deadline (`wait_ms` + `request_deadline_ms`, the
 /// point `fetch.claiming` standing in for a NATS that does not answer) starts no write: it
 /// answers 503 with `Retry-After` in time, the job stays available, and another gateway's
 /// worker gets it at its first attempt.
@@ -99,7 +99,7 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
     let nats = NatsServer::start();
     let slow = spawn_app_with(Config {
         failpoints: "fetch.claiming=delay(1000)".into(),
-        nats_timeout_ms: 500,
+        request_deadline_ms: 500,
         ..test_config(&nats.url)
     })
     .await;

@@ -462,13 +462,20 @@ pub(crate) async fn ensure_stream(
     config: jetstream::stream::Config,
 ) -> Result<jetstream::stream::Stream, OjsError> {
     let name = config.name.clone();
-    let created = js.create_or_update_stream(config).await;
+    let creating = format!("creating stream {name}");
+    let opening = format!("opening stream {name}");
+    let created = deadline::answered(&creating, || js.create_or_update_stream(config.clone()))
+        .await?
+        .said;
     // Another replica may have created it a moment ago; then opening it is enough.
-    match js.get_stream(&name).await {
+    match deadline::answered(&opening, || js.get_stream(&name))
+        .await?
+        .said
+    {
         Ok(stream) => Ok(stream),
         Err(open_err) => Err(match created {
-            Err(err) => error::nats_failed(&format!("creating stream {name}"), err),
-            Ok(_) => error::nats_failed(&format!("opening stream {name}"), open_err),
+            Err(err) => error::nats_failed(&creating, err),
+            Ok(_) => error::nats_failed(&opening, open_err),
         }),
     }
 }

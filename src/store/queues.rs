@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{self, Replica};
+use super::deadline::answered;
 use super::error::backend;
 use super::mirror::Mirror;
 use super::puller::Puller;
@@ -398,13 +399,17 @@ impl QueueRegistry {
         }
         let reg = &self.inner;
         let stream = super::ensure_stream(&reg.js, reg.topology.queue_stream_config(queue)).await?;
-        let _: PullConsumer = stream
-            .get_or_create_consumer(
-                &Topology::priority_consumer(priority),
+        let doing = "creating a priority consumer";
+        let consumer = Topology::priority_consumer(priority);
+        let _: PullConsumer = answered(doing, || {
+            stream.get_or_create_consumer(
+                &consumer,
                 reg.topology.priority_consumer_config(queue, priority),
             )
-            .await
-            .map_err(backend("creating a priority consumer"))?;
+        })
+        .await?
+        .said
+        .map_err(backend(doing))?;
         self.change_entry(queue, now, |meta| {
             if meta.priorities.contains(&priority) {
                 return false; // another replica registered it meanwhile

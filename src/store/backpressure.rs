@@ -6,17 +6,15 @@
 //! came to be. Queues without a bound never touch it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
 
 use super::cas::Replica;
-use super::error::{already_deleted, backend, server_refused};
+use super::error::{already_deleted, backend};
 use super::{ensure_stream, Store};
 use crate::domain::backpressure::{self, Bound, BoundChange, Overflow};
 use crate::domain::envelope::parse_job_id;
@@ -114,32 +112,30 @@ impl Store {
         let until = Instant::now() + block;
         let mut round = 0;
         loop {
-            let doing = "taking a place in a bounded queue";
-            let mut acks = Vec::new();
-            for (index, rec) in records.iter().enumerate() {
-                if bounds.contains_key(&rec.job.queue) {
-                    let subject = self.inner.topology.depth_subject(&rec.job.queue);
-                    let body = bytes::Bytes::from(rec.job.id.clone());
-                    let ack = self
-                        .inner
-                        .js
-                        .publish(subject, body)
-                        .await
-                        .map_err(backend(doing))?;
-                    acks.push((index, ack.into_future()));
-                }
-            }
-            let (indices, acks): (Vec<usize>, Vec<_>) = acks.into_iter().unzip();
+            let topology = &self.inner.topology;
+            let (indices, tokens): (Vec<usize>, Vec<_>) = records
+                .iter()
+                .enumerate()
+                .filter_map(|(index, rec)| {
+                    let queue = rec.job.queue.as_str();
+                    let max_depth = bounds.get(queue)?.max_depth;
+                    let token = self.take_token(
+                        topology.depth_subject(queue),
+                        bytes::Bytes::from(rec.job.id.clone()),
+                        move || topology.depth_stream_config(queue, max_depth),
+                        "taking a place in a bounded queue",
+                    );
+                    Some((index, token))
+                })
+                .unzip();
             let mut taken = Vec::new();
             // Tokens refused, by queue.
             let mut full: BTreeMap<String, usize> = BTreeMap::new();
-            // Queues whose depth stream is gone (deleted by hand).
-            let mut missing = BTreeSet::new();
             let mut failed = None;
-            for (index, ack) in indices.into_iter().zip(join_all(acks).await) {
+            for (index, token) in indices.into_iter().zip(join_all(tokens).await) {
                 let queue = &records[index].job.queue;
-                match ack {
-                    Ok(ack) => {
+                match token {
+                    Ok(Some(ack)) => {
                         records[index].depth_token = Some(ack.sequence);
                         taken.push(Token {
                             queue: queue.clone(),
@@ -147,16 +143,11 @@ impl Store {
                             id: records[index].job.id.clone(),
                         });
                     }
-                    Err(err) if err.kind() == PublishErrorKind::StreamNotFound && round == 0 => {
-                        missing.insert(queue.clone());
-                    }
-                    Err(err) if server_refused(&err) => {
-                        *full.entry(queue.clone()).or_default() += 1
-                    }
-                    Err(err) => failed = Some(backend(doing)(err)),
+                    Ok(None) => *full.entry(queue.clone()).or_default() += 1,
+                    Err(err) => failed = Some(err),
                 }
             }
-            if full.is_empty() && failed.is_none() && missing.is_empty() {
+            if full.is_empty() && failed.is_none() {
                 self.count_taken(&taken);
                 return Ok(taken);
             }
@@ -165,19 +156,7 @@ impl Store {
             if let Some(err) = failed {
                 return Err(err);
             }
-            // Made again with the bound in force, and the round repeated: a queue whose
-            // stream an operator deleted would otherwise refuse every PUSH.
-            for queue in &missing {
-                let config = self
-                    .inner
-                    .topology
-                    .depth_stream_config(queue, bounds[queue].max_depth);
-                ensure_stream(&self.inner.js, config).await?;
-            }
             round += 1;
-            if !missing.is_empty() {
-                continue;
-            }
             // A queue that refuses for good, decided before any job is dropped.
             let refusing = full.keys().find(|q| match bounds[*q].strategy {
                 Overflow::Reject => true,

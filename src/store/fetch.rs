@@ -413,8 +413,10 @@ impl Store {
             // One running place and one start of the window per job started (a lost race
             // keeps them: the next round writes the same start).
             if let (true, Transition::Started, false) = (limits.any(), next.transition, started) {
-                if limits.concurrency.is_some() {
-                    *slot = self.take_slot(queue, &d.id, d.dispatch).await?;
+                if let Some(concurrency) = limits.concurrency {
+                    *slot = self
+                        .take_slot(queue, concurrency, &d.id, d.dispatch)
+                        .await?;
                     if slot.is_none() {
                         settle(msg, AckKind::Nak(None)).await;
                         return Ok(Claimed::Limited);

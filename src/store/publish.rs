@@ -2,17 +2,29 @@
 //! acknowledgement (so that many go to NATS together), and sent again while NATS does not
 //! answer (`deadline.rs`). Only for messages of which a spare copy is harmless (queue
 //! messages, timers, dead-letter entries: architecture §2) or which NATS drops as repeats
-//! (events, by their `Nats-Msg-Id`).
+//! (events, by their `Nats-Msg-Id`). Tokens of the limit streams (running places, starts,
+//! depth) are sent again too: a spare token holds a place until the leader's sweep frees
+//! it, or spends one start of its window.
 
-use async_nats::jetstream::context::PublishAckFuture;
+use std::time::Duration;
+
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishAckFuture, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::stream;
 use async_nats::Subject;
+use bytes::Bytes;
+use tracing::warn;
 
 use super::deadline::answered;
-use super::error::{nats_failed, unanswered};
-use super::Store;
+use super::error::{nats_failed, server_refused, unanswered};
+use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
+
+/// How long a token's publish waits for NATS to say which stream listens on its subject.
+const STREAM_CHECK: Duration = Duration::from_millis(250);
 
 /// A publish sent, its acknowledgement not yet awaited.
 pub(super) struct Sent {
@@ -81,6 +93,51 @@ impl Store {
                     .said
                     .map_err(|e| nats_failed(doing, e))
             }
+            Err(err) => Err(nats_failed(doing, err)),
+        }
+    }
+
+    /// Publishes a token of a limit stream (`config`, whose limit refuses a token when
+    /// every place is taken) on `subject`: `None` when the limit refused it. Sent again
+    /// while NATS does not answer; the stream is made again when no stream listens on the
+    /// subject any more (deleted by hand, or of an earlier layout), told apart from an
+    /// election by asking NATS which stream listens.
+    ///
+    /// # Errors
+    /// When NATS failed otherwise, or did not answer by the deadline.
+    pub(super) async fn take_token(
+        &self,
+        subject: String,
+        body: Bytes,
+        config: impl Fn() -> stream::Config,
+        doing: &'static str,
+    ) -> Result<Option<PublishAck>, OjsError> {
+        let js = &self.inner.js;
+        let publish = || async { js.publish(subject.clone(), body.clone()).await?.await };
+        let step = || async {
+            match publish().await {
+                Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
+                    // Briefly: during an election of the cluster's meta leader nobody
+                    // answers, and the step is run again anyway.
+                    let listened =
+                        tokio::time::timeout(STREAM_CHECK, js.stream_by_subject(subject.as_str()))
+                            .await;
+                    if listened.is_ok_and(|l| {
+                        l.is_err_and(|e| e.kind() == GetStreamByNameErrorKind::NotFound)
+                    }) {
+                        if let Err(err) = ensure_stream(js, config()).await {
+                            warn!(subject, error = %err, "could not make a limit stream again");
+                        }
+                        return publish().await;
+                    }
+                    Err(err)
+                }
+                said => said,
+            }
+        };
+        match answered(doing, step).await?.said {
+            Ok(ack) => Ok(Some(ack)),
+            Err(err) if server_refused(&err) => Ok(None),
             Err(err) => Err(nats_failed(doing, err)),
         }
     }

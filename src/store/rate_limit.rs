@@ -9,14 +9,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::Replica;
-use super::error::{already_deleted, backend, server_refused};
+use super::error::{already_deleted, backend};
 use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
@@ -179,35 +178,34 @@ impl Store {
         Duration::from_millis(MAX_FETCH_WAIT_MS) + 2 * self.inner.nats_timeout
     }
 
-    /// FETCH: takes one of `queue`'s running places for dispatch `dispatch` of job `id`:
-    /// the sequence of its message in the concurrency stream, `None` when every place is
-    /// taken.
+    /// FETCH: takes one of `queue`'s `concurrency` running places for dispatch `dispatch`
+    /// of job `id`: the sequence of its message in the concurrency stream, `None` when
+    /// every place is taken.
     ///
     /// # Errors
-    /// `backend_error` when NATS does not answer.
+    /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
     pub(super) async fn take_slot(
         &self,
         queue: &str,
+        concurrency: u64,
         id: &str,
         dispatch: u64,
     ) -> Result<Option<u64>, OjsError> {
-        let doing = "taking a place of a concurrency-limited queue";
         let body = serde_json::to_vec(&Slot {
             id: id.to_owned(),
             dispatch,
         })
         .expect("slots serialize");
-        let ack = self
-            .inner
-            .js
-            .publish(self.inner.topology.slot_subject(queue), body.into())
-            .await
-            .map_err(backend(doing))?;
-        match ack.await {
-            Ok(ack) => Ok(Some(ack.sequence)),
-            Err(err) if server_refused(&err) => Ok(None),
-            Err(err) => Err(backend(doing)(err)),
-        }
+        let topology = &self.inner.topology;
+        let taken = self
+            .take_token(
+                topology.slot_subject(queue),
+                body.into(),
+                || topology.slot_stream_config(queue, concurrency),
+                "taking a place of a concurrency-limited queue",
+            )
+            .await?;
+        Ok(taken.map(|ack| ack.sequence))
     }
 
     /// Frees a running place of `queue` (its message `sequence`). Best effort: a place
@@ -267,29 +265,18 @@ impl Store {
     /// none left.
     ///
     /// # Errors
-    /// `backend_error` when NATS does not answer.
+    /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
     pub(super) async fn take_start(&self, queue: &str, limit: RateLimit) -> Result<bool, OjsError> {
-        let doing = "taking a start of a rate-limited queue";
         let window = limit.window_index(Utc::now().timestamp_millis());
-        let subject = self.inner.topology.rate_subject(queue, window);
-        for first in [true, false] {
-            let ack = self
-                .inner
-                .js
-                .publish(subject.clone(), bytes::Bytes::new())
-                .await
-                .map_err(backend(doing))?;
-            match ack.await {
-                Ok(_) => return Ok(true),
-                Err(err) if server_refused(&err) => return Ok(false),
-                // A token stream of an earlier version (one subject per queue): made over.
-                Err(err) if first && err.kind() == PublishErrorKind::StreamNotFound => {
-                    let config = self.inner.topology.rate_stream_config(queue, limit);
-                    ensure_stream(&self.inner.js, config).await?;
-                }
-                Err(err) => return Err(backend(doing)(err)),
-            }
-        }
-        unreachable!("the second round returns")
+        let topology = &self.inner.topology;
+        let taken = self
+            .take_token(
+                topology.rate_subject(queue, window),
+                bytes::Bytes::new(),
+                || topology.rate_stream_config(queue, limit),
+                "taking a start of a rate-limited queue",
+            )
+            .await?;
+        Ok(taken.is_some())
     }
 }

@@ -2,7 +2,6 @@
 //! before its messages, deleted once they are stored; and the leader's repair when the
 //! batch's timer finds the mark still there. Decisions in `domain/batch.rs`.
 
-use async_nats::jetstream::kv;
 use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
@@ -184,11 +183,7 @@ impl Store {
                 .iter()
                 .map(|(rec, revision)| self.remove_record(rec, *revision));
             for removed in join_all(removals).await {
-                if let Err(err) = removed {
-                    if err.kind() != kv::UpdateErrorKind::WrongLastRevision {
-                        return Err(super::error::nats_failed("removing a job of a batch", err));
-                    }
-                }
+                removed?;
             }
         }
         Ok(())

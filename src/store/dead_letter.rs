@@ -8,15 +8,14 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use async_nats::jetstream::kv;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::cas::{gave_up, pause_after, Replica, MAX_CAS_ATTEMPTS};
-use super::error::{already_deleted, backend, refusal};
+use super::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
+use super::error::{already_deleted, backend};
 use super::topology::decode_queue;
 use super::Store;
 use chrono::{DateTime, Utc};
@@ -226,21 +225,19 @@ impl Store {
         let mut raced = None;
         for round in 0..MAX_CAS_ATTEMPTS {
             let (record, revision) = find(Replica::after(raced.is_some())).await?;
-            let err = match self.remove_record(&record, revision).await {
-                Ok(()) => {
+            match self.remove_record(&record, revision).await? {
+                Cas::Written(_) => {
                     self.failpoint("dead_letter.purged").await;
                     if let Some(entry) = record.dead_letter {
                         self.drop_dead_letter_entry(entry).await;
                     }
                     return Ok(());
                 }
-                Err(err) => err,
-            };
-            let Some(why) = refusal(&err, kv::UpdateErrorKind::WrongLastRevision) else {
-                return Err(backend("deleting a job")(err));
-            };
-            raced = Some(why);
-            pause_after(why, round).await;
+                Cas::Refused(why) => {
+                    raced = Some(why);
+                    pause_after(why, round).await;
+                }
+            }
         }
         Err(gave_up("job", id, raced))
     }

@@ -4,12 +4,15 @@
 //! live beside: `enqueue.rs`, `fetch.rs`, `transitions.rs`; docs/architecture.md §4 gives
 //! the order of their NATS calls and what a crash between two of them leaves.
 
-use async_nats::jetstream::{kv, message::PublishMessage, AckKind};
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::{message::PublishMessage, AckKind};
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{self, Cas, Replica};
+use super::deadline::answered;
+use super::error::{nats_failed, refusal, Refused};
 use super::publish::Sent;
 use super::timers::Timer;
 use super::Store;
@@ -181,13 +184,18 @@ impl Store {
     /// past the writes of other jobs it has not delivered yet, the event publisher's among
     /// them. The job's earlier writes stay until the pruner removes the job (§3.13).
     ///
+    /// Sent again while NATS does not answer; a marker refused after silence is looked up
+    /// at the stream leader: a removal as the key's last write means one landed (nothing
+    /// writes a removed job again).
+    ///
     /// # Errors
-    /// A wrong revision as async-nats reports it for a delete, or the publish's failure.
+    /// When NATS failed, or did not answer by the deadline.
     pub(super) async fn remove_record(
         &self,
         rec: &JobRecord,
         revision: u64,
-    ) -> Result<(), kv::UpdateError> {
+    ) -> Result<Cas, OjsError> {
+        let doing = "removing a job";
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("KV-Operation", "DEL");
         headers.insert(
@@ -197,12 +205,28 @@ impl Store {
         headers.insert(REMOVED_QUEUE, rec.job.queue.as_str());
         headers.insert(REMOVED_STATE, rec.job.state.as_str());
         let subject = format!("$KV.{}.{}", self.inner.topology.jobs_bucket(), rec.job.id);
-        self.inner
-            .js
-            .publish_with_headers(subject, headers, bytes::Bytes::new())
-            .await?
-            .await?;
-        Ok(())
+        let js = &self.inner.js;
+        let answer = answered(doing, || async {
+            js.publish_with_headers(subject.clone(), headers.clone(), bytes::Bytes::new())
+                .await?
+                .await
+        })
+        .await?;
+        let err = match answer.said {
+            Ok(ack) => return Ok(Cas::Written(ack.sequence)),
+            Err(err) => err,
+        };
+        match refusal(&err, PublishErrorKind::WrongLastSequence) {
+            Some(_) if answer.after_silence => {
+                let last = cas::last(&self.inner.jobs, &rec.job.id, Replica::Leader, doing).await?;
+                Ok(match last {
+                    Some(last) if last.value.is_none() => Cas::Written(last.revision),
+                    _ => Cas::Refused(Refused::Outdated),
+                })
+            }
+            Some(why) => Ok(Cas::Refused(why)),
+            None => Err(nats_failed(doing, err)),
+        }
     }
 }
 

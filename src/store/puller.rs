@@ -26,8 +26,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::warn;
 
-/// Longest wait for a pull's answer before it is treated as empty (the parked-request case).
-const PULL_ANSWER_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest wait for a pull's answer before it is treated as empty (the parked-request
+/// case: rare, and it costs the FETCHes of that round this long). Not shorter: on a
+/// machine short of CPU an answer takes over 100 ms now and then, and a FETCH that gave up
+/// on it would answer "no jobs" right after a PUSH was acknowledged.
+const PULL_ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
 /// Most messages asked for in one pull.
 const MAX_BATCH: usize = 256;
 /// Pause before opening another waiting pull after the server ended one early (a refusal).

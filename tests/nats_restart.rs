@@ -148,3 +148,45 @@ async fn a_nats_restart_under_load_loses_nothing_and_the_coordinator_resumes() {
     );
     assert!(missing.is_empty(), "ticks were lost: {missing:?}");
 }
+
+/// A PUSH whose first NATS step is one a plain PUSH does not take waits a NATS restart out
+/// within its deadline too, each NATS request timing out meanwhile (`nats_timeout_ms`
+/// 500): one that opens a new queue (its stream and consumer) and one to a bounded,
+/// concurrency- and rate-limited queue (its depth token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_steps_of_new_limited_and_bounded_queues_wait_out_a_nats_restart() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        nats_timeout_ms: 500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    load::limit(&app).await;
+    let on = |queue: &str| json!({"type": "r.t", "args": [], "options": {"queue": queue}});
+    app.enqueue(on("limited")).await;
+    let nats = Mutex::new(nats);
+
+    tokio::task::block_in_place(|| nats.lock().unwrap().kill());
+    let pushes = async {
+        let started = Instant::now();
+        let (fresh, bounded) = tokio::join!(
+            app.post("/ojs/v1/jobs", on("opened-while-away")),
+            app.post("/ojs/v1/jobs", on("limited")),
+        );
+        (started.elapsed(), fresh, bounded)
+    };
+    let outage = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::task::block_in_place(|| nats.lock().unwrap().restart());
+    };
+    let ((took, fresh, bounded), ()) = tokio::join!(pushes, outage);
+    println!("both PUSHes answered {took:?} after NATS went away for 3 s");
+    assert_eq!(fresh.status, 201, "{}", fresh.body);
+    assert_eq!(bounded.status, 201, "{}", bounded.body);
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+
+    for pushed in [fresh, bounded] {
+        let id = pushed.body["job"]["id"].as_str().unwrap();
+        assert_eq!(app.job(id).await["state"], "available");
+    }
+}

@@ -115,6 +115,7 @@ async fn mixed_load_for_a_long_time_stays_flat() {
     let seen = Mutex::new(Seen::default());
     let stop_producing = AtomicBool::new(false);
     let stop_working = AtomicBool::new(false);
+    load::limit(a).await;
     let (producers, workers) = ([a, b], [b, a]);
     let started = Instant::now();
     let watch = async {
@@ -139,13 +140,18 @@ async fn mixed_load_for_a_long_time_stays_flat() {
             samples.push(s);
         }
         stop_producing.store(true, Ordering::Relaxed);
+        samples
+    };
+    let produce = join_all((0..4).map(|_| load::produce(&producers, &seen, &stop_producing)));
+    // Drained once the producers are done: an enqueue still in flight may yet be accepted.
+    let producing = async {
+        let (samples, _) = tokio::join!(watch, produce);
         load::drained(&seen, Duration::from_secs(60)).await;
         stop_working.store(true, Ordering::Relaxed);
         samples
     };
-    let produce = join_all((0..4).map(|_| load::produce(&producers, &seen, &stop_producing)));
     let work = join_all((0..4).map(|_| load::work(&workers, &seen, &stop_working)));
-    let (samples, _, _) = tokio::join!(watch, produce, work);
+    let (samples, _) = tokio::join!(producing, work);
 
     let seen = seen.lock().unwrap();
     seen.report(&[], Duration::ZERO);

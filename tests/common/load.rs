@@ -1,7 +1,10 @@
 //! Steady mixed load through several gateways, and what it saw: for the tests that take
 //! NATS away under it (`cluster.rs`, `nats_restart.rs`). Every tenth job is scheduled a
 //! second ahead, and the first attempt of every seventh fails, so timers and retries cross
-//! the fault too.
+//! the fault too. Every third job is unique and goes to a queue with a bound, a
+//! concurrency limit and a rate limit (so its PUSH takes a lock and a depth token, its
+//! FETCH a running place and a start), and every hundredth job opens a new priority lane,
+//! so each kind of NATS step meets the fault.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -169,6 +172,7 @@ pub async fn through_faults<T>(
     seen: &Mutex<Seen>,
     faults: impl std::future::Future<Output = T>,
 ) -> T {
+    limit(a).await;
     let stop_producing = AtomicBool::new(false);
     let stop_working = AtomicBool::new(false);
     let (producers, workers) = ([a, b], [b, a]);
@@ -187,11 +191,36 @@ pub async fn through_faults<T>(
     outcome
 }
 
+/// The queues the load enqueues to and fetches from.
+const QUEUES: [&str; 2] = ["busy", "limited"];
+
+/// Gives the load's `limited` queue limits it never reaches: each of its jobs then takes
+/// tokens, and none waits for them.
+pub async fn limit(gateway: &TestApp) {
+    let config = json!({
+        "concurrency": 10_000,
+        "rate_limit": {"limit": 100_000, "period": "PT1M"},
+        "backpressure": {"max_depth": 1_000_000},
+    });
+    let r = gateway
+        .put("/ojs/v1/admin/queues/limited/config", config)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
 /// Enqueues through the gateways in turn until told to stop.
 pub async fn produce(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) {
+    // Tells this producer's jobs from those of others beside it (their unique keys).
+    let producer: u64 = rand::random();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let mut job = json!({"type": "c.work", "args": [i], "options": {"queue": "busy"}});
+        let priority = (i / 100).min(15);
+        let mut job = json!({"type": "c.work", "args": [i, producer],
+            "options": {"queue": QUEUES[0], "priority": priority}});
+        if i % 3 == 1 {
+            job["options"]["queue"] = json!(QUEUES[1]);
+            job["options"]["unique"] = json!({"keys": ["type", "args"]});
+        }
         if i % 10 == 0 {
             job["options"]["scheduled_at"] = json!("+PT1S");
         }
@@ -222,7 +251,7 @@ pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) 
         let r = gateways[turn % gateways.len()]
             .post(
                 "/ojs/v1/workers/fetch",
-                json!({"queues": ["busy"], "count": 20, "wait_ms": 300, "worker_id": "w"}),
+                json!({"queues": QUEUES, "count": 20, "wait_ms": 300, "worker_id": "w"}),
             )
             .await;
         seen.lock().unwrap().request("fetch", started, &r);

@@ -14,6 +14,7 @@ use futures::future::join_all;
 use tracing::warn;
 
 use super::cas::Replica;
+use super::deadline::{by_deadline, out_of_time};
 use super::error::{already_deleted, backend};
 use super::{ensure_stream, Store};
 use crate::domain::backpressure::{self, Bound, BoundChange, Overflow};
@@ -276,32 +277,39 @@ impl Store {
         Ok(dropped)
     }
 
-    /// Gives back the tokens of a PUSH that was refused. Best effort: a token left behind
-    /// is freed by the leader's sweep.
+    /// Gives back the tokens of a PUSH that was refused. Best effort, by the deadline: a
+    /// token left behind is freed by the leader's sweep.
     pub(super) async fn give_back_depth_tokens(&self, taken: &[Token]) {
         let freed = taken.iter().map(|t| (t.queue.as_str(), t.sequence));
-        if let Err(err) = self.delete_depth_tokens(freed).await {
+        let given = by_deadline(self.delete_depth_tokens(freed)).await;
+        if let Err(err) = given.unwrap_or_else(|| Err(out_of_time("giving back places"))) {
             warn!(error = %err, "could not give back a refused PUSH's places; the leader's sweep will");
         }
     }
 
     /// Gives back the tokens of a PUSH that failed after taking them, except those whose
     /// job exists after all (a write that landed though its answer was lost, a committed
-    /// batch whose messages the repair will publish). Best effort, like the give-back.
+    /// batch whose messages the repair will publish). Best effort by the deadline, like the
+    /// give-back.
     pub(super) async fn give_back_unheld(&self, taken: &[Token]) {
-        let tokens = taken.iter().map(|t| (t.id.as_str(), t.sequence));
-        match self.unheld(tokens).await {
-            Ok(unheld) => {
-                let freed = unheld
-                    .into_iter()
-                    .map(|i| (taken[i].queue.as_str(), taken[i].sequence));
-                if let Err(err) = self.delete_depth_tokens(freed).await {
-                    warn!(error = %err, "could not give back a failed PUSH's places; the leader's sweep will");
+        let giving = async {
+            let tokens = taken.iter().map(|t| (t.id.as_str(), t.sequence));
+            match self.unheld(tokens).await {
+                Ok(unheld) => {
+                    let freed = unheld
+                        .into_iter()
+                        .map(|i| (taken[i].queue.as_str(), taken[i].sequence));
+                    if let Err(err) = self.delete_depth_tokens(freed).await {
+                        warn!(error = %err, "could not give back a failed PUSH's places; the leader's sweep will");
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "could not check a failed PUSH's places; the leader's sweep will")
                 }
             }
-            Err(err) => {
-                warn!(error = %err, "could not check a failed PUSH's places; the leader's sweep will")
-            }
+        };
+        if by_deadline(giving).await.is_none() {
+            warn!("could not give back a failed PUSH's places by its deadline; the leader's sweep will");
         }
     }
 

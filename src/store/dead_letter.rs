@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
+use super::deadline::by_deadline;
 use super::error::{already_deleted, backend};
 use super::topology::decode_queue;
 use super::Store;
@@ -242,9 +243,16 @@ impl Store {
         Err(gave_up("job", id, raced))
     }
 
-    /// Best effort: a stale entry left behind is skipped by listings.
+    /// Best effort, by the deadline: a stale entry left behind is skipped by listings.
     async fn drop_dead_letter_entry(&self, seq: u64) {
-        match self.inner.dead_letter.delete_message(seq).await {
+        let Some(dropped) = by_deadline(self.inner.dead_letter.delete_message(seq)).await else {
+            warn!(
+                sequence = seq,
+                "could not remove a dead-letter entry by the request's deadline"
+            );
+            return;
+        };
+        match dropped {
             Ok(_) => {}
             // Retention pruned it already.
             Err(err) if already_deleted(&err) => {}

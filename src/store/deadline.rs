@@ -95,6 +95,13 @@ where
     }
 }
 
+/// Runs `work`, a best-effort step whose failure a sweep repairs (a give-back after a
+/// refusal), no later than the deadline: `None` when the deadline cut it. A request never
+/// outlasts its deadline to tidy up.
+pub(super) async fn by_deadline<F: Future>(work: F) -> Option<F::Output> {
+    tokio::time::timeout_at(current(), work).await.ok()
+}
+
 /// The failure of a step that NATS had not answered when the deadline came.
 pub(super) fn out_of_time(doing: &str) -> OjsError {
     OjsError::new(

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::cas::Replica;
+use super::deadline::by_deadline;
 use super::error::{already_deleted, backend};
 use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
@@ -208,19 +209,24 @@ impl Store {
         Ok(taken.map(|ack| ack.sequence))
     }
 
-    /// Frees a running place of `queue` (its message `sequence`). Best effort: a place
-    /// left taken is freed by the leader's sweep (`sweep_slots`).
+    /// Frees a running place of `queue` (its message `sequence`). Best effort, by the
+    /// deadline: a place left taken is freed by the leader's sweep (`sweep_slots`).
     pub(super) async fn give_back_slot(&self, queue: &str, sequence: u64) {
         let stream = self.inner.topology.slot_stream(queue);
-        let freed = match self.inner.js.get_stream_no_info(&stream).await {
-            Ok(stream) => match stream.delete_message(sequence).await {
-                Ok(_) => Ok(()),
-                // Freed already (by the sweep, or an earlier try whose answer was lost).
-                Err(err) if already_deleted(&err) => Ok(()),
+        let freeing = async {
+            match self.inner.js.get_stream_no_info(&stream).await {
+                Ok(stream) => match stream.delete_message(sequence).await {
+                    Ok(_) => Ok(()),
+                    // Freed already (by the sweep, or an earlier try whose answer was lost).
+                    Err(err) if already_deleted(&err) => Ok(()),
+                    Err(err) => Err(err.to_string()),
+                },
                 Err(err) => Err(err.to_string()),
-            },
-            Err(err) => Err(err.to_string()),
+            }
         };
+        let freed = by_deadline(freeing)
+            .await
+            .unwrap_or_else(|| Err("the request's deadline passed".to_owned()));
         if let Err(err) = freed {
             warn!(queue, sequence, error = %err, "could not free a running place; the leader's sweep will");
         }

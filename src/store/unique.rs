@@ -14,6 +14,7 @@ use serde_json::json;
 use tracing::warn;
 
 use super::cas::{self, Cas, Replica};
+use super::deadline::by_deadline;
 use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord};
@@ -211,10 +212,16 @@ impl Store {
     }
 
     /// Gives back the locks a refused PUSH wrote (each only while it still names its
-    /// job), but those of `kept` jobs, which run.
+    /// job), but those of `kept` jobs, which run. By the deadline: a lock left behind is
+    /// taken over by the next enqueue of its key, which finds no job holding it.
     pub(super) async fn release_taken(&self, taken: &[Taken]) {
-        for t in taken.iter().filter(|t| t.fresh) {
-            self.release_lock(&t.key, &t.job_id).await;
+        let releasing = async {
+            for t in taken.iter().filter(|t| t.fresh) {
+                self.release_lock(&t.key, &t.job_id).await;
+            }
+        };
+        if by_deadline(releasing).await.is_none() {
+            warn!("could not release a refused PUSH's unique locks by its deadline");
         }
     }
 

@@ -18,7 +18,7 @@ use async_nats::Subject;
 use bytes::Bytes;
 use tracing::warn;
 
-use super::deadline::answered;
+use super::deadline::{self, answered, out_of_time};
 use super::error::{nats_failed, server_refused, unanswered};
 use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
@@ -42,11 +42,12 @@ impl Store {
         message: PublishMessage,
         doing: &'static str,
     ) -> Result<Sent, OjsError> {
-        let ack = self
-            .inner
-            .js
-            .send_publish(subject.clone(), message.clone())
+        // Handing the message to the client waits while its buffer is full (a reconnect):
+        // by the deadline.
+        let handed = self.inner.js.send_publish(subject.clone(), message.clone());
+        let ack = tokio::time::timeout_at(deadline::current(), handed)
             .await
+            .map_err(|_| out_of_time(doing))?
             .map_err(|e| nats_failed(doing, e))?;
         Ok(Sent {
             subject,

@@ -24,7 +24,7 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Longest wait for a pull's answer before it is treated as empty (the parked-request
 /// case: rare, and it costs the FETCHes of that round this long). Not shorter: on a
@@ -172,6 +172,9 @@ async fn run(
     let mut waiters: VecDeque<Waiter> = VecDeque::new();
     let mut wait_pulls: VecDeque<WaitPull> = VecDeque::new();
     let mut refused_until: Option<Instant> = None;
+    // Waiting pulls refused in a row: one warning for a run of them (an election refuses
+    // one every REFUSED_PAUSE for seconds), and a line when they are accepted again.
+    let mut refusals: u32 = 0;
     // Set once every handle is gone: when the last open pull can no longer deliver.
     let mut close_by: Option<Instant> = None;
     loop {
@@ -266,6 +269,7 @@ async fn run(
                 let Some(msg) = msg else { return };
                 match msg.status {
                     None | Some(StatusCode::OK) => {
+                        accepted_again(&mut refusals);
                         // JetStream serves waiting pulls oldest first.
                         if let Some(p) = wait_pulls.front_mut() {
                             p.remaining -= 1;
@@ -280,8 +284,13 @@ async fn run(
                         wait_pulls.retain(|p| p.reply != msg.subject.as_str());
                         if wait_pulls.len() < before && status != StatusCode::TIMEOUT {
                             let reason = msg.description.as_deref().unwrap_or("");
-                            warn!(%status, reason, "a waiting pull was refused");
+                            if refusals == 0 {
+                                warn!(%status, reason, "a waiting pull was refused; trying again every 100 ms");
+                            }
+                            refusals += 1;
                             refused_until = Some(Instant::now() + REFUSED_PAUSE);
+                        } else if status == StatusCode::TIMEOUT {
+                            accepted_again(&mut refusals);
                         }
                     }
                 }
@@ -293,6 +302,14 @@ async fn run(
                 refused_until = refused_until.filter(|t| *t > Instant::now());
             }
         }
+    }
+}
+
+/// Says that waiting pulls are accepted again after a run of refusals.
+fn accepted_again(refusals: &mut u32) {
+    if *refusals > 0 {
+        info!(refused = *refusals, "waiting pulls are accepted again");
+        *refusals = 0;
     }
 }
 

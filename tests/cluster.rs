@@ -58,9 +58,10 @@ enum Leaving {
     Stopped,
 }
 
-/// Takes each node out and back in turn under the load through two gateways: every
-/// accepted job runs once, and every request waits out the stream leader elections within
-/// its deadline (none fails). Skipped on nats-server 2.9, whose clusters keep neither
+/// Takes each node out and back in turn under the load through two gateways, the next
+/// once every replica is current again (as a rolling operation does): every accepted job
+/// runs once, and every request waits out the stream leader elections within its deadline
+/// (none fails). Skipped on nats-server 2.9, whose clusters keep neither
 /// claims exclusive nor their elections within the deadline (architecture §6 item 18).
 async fn each_node_in_turn(leaving: Leaving) {
     let Some(cluster) = cluster_keeping_claims_exclusive().await else {
@@ -90,6 +91,8 @@ async fn each_node_in_turn(leaving: Leaving) {
                 "{node} {leaving:?} and back after {:?}",
                 at.last().unwrap().elapsed()
             );
+            let current = wait_current(&cluster).await;
+            println!("every replica current {current:?} after {node} was back");
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
         at
@@ -102,6 +105,14 @@ async fn each_node_in_turn(leaving: Leaving) {
     seen.report_latencies();
     seen.check_none_failed();
     seen.check(SLOWEST);
+}
+
+/// How long after a node's return every replica was current again.
+async fn wait_current(cluster: &Mutex<NatsCluster>) -> Duration {
+    let started = Instant::now();
+    let url = cluster.lock().unwrap().url();
+    NatsCluster::wait_current_at(&url).await;
+    started.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

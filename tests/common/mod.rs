@@ -207,6 +207,29 @@ pub struct NatsCluster {
     relays: Vec<(usize, usize, relay::Relay)>,
 }
 
+/// Whether every stream and consumer has a leader and every replica of it is current.
+async fn all_current(js: &async_nats::jetstream::Context) -> Result<bool, async_nats::Error> {
+    use futures::TryStreamExt;
+    let current = |group: Option<&async_nats::jetstream::stream::ClusterInfo>| {
+        group.is_some_and(|g| {
+            g.leader.is_some() && g.replicas.iter().all(|r| r.current && !r.offline)
+        })
+    };
+    let mut streams = js.streams();
+    while let Some(info) = streams.try_next().await? {
+        if !current(info.cluster.as_ref()) {
+            return Ok(false);
+        }
+        let mut consumers = js.get_stream(&info.config.name).await?.consumers();
+        while let Some(consumer) = consumers.try_next().await? {
+            if !current(consumer.cluster.as_ref()) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
 impl NatsCluster {
     /// Starts the nodes and waits until JetStream can place a stream on all three.
     pub async fn start() -> NatsCluster {
@@ -262,6 +285,24 @@ impl NatsCluster {
     /// Ends [`NatsCluster::isolate`].
     pub fn heal(&self, name: &str) {
         self.relays_of(name).for_each(relay::Relay::mend);
+    }
+
+    /// Waits, up to a minute, until every stream and consumer of the cluster at `url` has
+    /// a leader and all its replicas are current: what a rolling operation on a cluster
+    /// waits for before it takes the next node out (a node back from a restart may still
+    /// be catching up, and taking another then leaves a group without a quorum).
+    pub async fn wait_current_at(url: &str) {
+        let servers: Vec<async_nats::ServerAddr> =
+            url.split(',').map(|u| u.parse().unwrap()).collect();
+        let js = async_nats::jetstream::new(async_nats::connect(servers).await.unwrap());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !all_current(&js).await.unwrap_or(false) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster's replicas did not catch up within a minute"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     fn relays_of(&self, name: &str) -> impl Iterator<Item = &relay::Relay> {

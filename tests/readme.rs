@@ -1,5 +1,6 @@
-//! The README stays true: its module tree lists every source file and nothing else, and its
-//! example requests, run against a gateway, answer what it shows.
+//! The README and the docs stay true: the source layout of docs/development.md lists every
+//! source file and nothing else, and the example requests of every document with `console`
+//! blocks, run against a gateway, answer what the document shows.
 
 use crate::common;
 
@@ -9,14 +10,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// The README's tree of `root` (`src/`, `client/src/`): the code block that starts with it.
-fn readme_tree(root: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let start = readme
+/// A document of the repository, by its path from the root.
+fn document(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The tree of `root` (`src/`, `client/src/`) in docs/development.md: the code block that
+/// starts with it.
+fn layout_tree(root: &str) -> String {
+    let doc = document("docs/development.md");
+    let start = doc
         .find(&format!("```\n{root}/\n"))
-        .unwrap_or_else(|| panic!("a module tree of {root}/ in the README"));
-    let body = &readme[start + 4..];
+        .unwrap_or_else(|| panic!("a module tree of {root}/ in docs/development.md"));
+    let body = &doc[start + 4..];
     body[..body.find("```").expect("the tree's end")].to_owned()
 }
 
@@ -36,14 +43,14 @@ fn section(tree: &str, folder: &str) -> String {
 }
 
 #[test]
-fn the_readme_lists_every_source_file_and_nothing_else() {
+fn the_source_layout_lists_every_source_file_and_nothing_else() {
     for root in ["src", "client/src"] {
         lists_every_source_file_and_nothing_else(root);
     }
 }
 
 fn lists_every_source_file_and_nothing_else(root: &str) {
-    let tree = readme_tree(root);
+    let tree = layout_tree(root);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
     let mut missing = Vec::new();
     let mut files = BTreeSet::new();
@@ -71,7 +78,7 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
     }
     assert!(
         missing.is_empty(),
-        "not in the README's tree of {root}/: {missing:?}"
+        "not in the tree of {root}/ in docs/development.md: {missing:?}"
     );
     let stale: Vec<&str> = tree
         .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
@@ -80,17 +87,38 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
     assert!(stale.is_empty(), "listed but not in {root}/: {stale:?}");
 }
 
-/// One `$ curl …` of the README's console blocks and the output shown under it.
+/// Every document with `console` examples has a test below that runs them.
+#[test]
+fn every_document_with_console_examples_is_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut documents = vec!["README.md".to_owned()];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            documents.push(format!("docs/{name}"));
+        }
+    }
+    for path in documents {
+        if document(&path).contains("```console\n") {
+            let test = format!("answers_what_it_shows(\"{path}\")");
+            assert!(
+                include_str!("readme.rs").contains(&test),
+                "{path}'s console examples are not run: no test calls {test}"
+            );
+        }
+    }
+}
+
+/// One `$ curl …` of a document's console blocks and the output shown under it.
 struct Example {
     command: String,
     output: Vec<String>,
 }
 
-fn console_examples() -> Vec<Example> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+fn console_examples(path: &str) -> Vec<Example> {
+    let doc = document(path);
     let mut examples: Vec<Example> = Vec::new();
-    for block in readme.split("```console\n").skip(1) {
+    for block in doc.split("```console\n").skip(1) {
         let block = &block[..block.find("```").expect("a console block's end")];
         let mut continued = false;
         for line in block.lines() {
@@ -118,7 +146,7 @@ fn console_examples() -> Vec<Example> {
     examples
 }
 
-/// Shell words, with single quotes (all the README uses) and `|` as a word of its own.
+/// Shell words, with single quotes (all the documents use) and `|` as a word of its own.
 fn words(command: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word: Option<String> = None;
@@ -298,7 +326,7 @@ fn check_body(shown: &str, body: &Value, ids: &mut HashMap<String, String>) -> R
     Ok(())
 }
 
-/// `text` with each job id the README shows replaced by the real one it stands for.
+/// `text` with each job id the document shows replaced by the real one it stands for.
 fn with_real_ids(text: &str, ids: &HashMap<String, String>) -> String {
     ids.iter().fold(text.to_owned(), |text, (shown, real)| {
         text.replace(shown, real)
@@ -351,7 +379,7 @@ async fn check_example(
         let code: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
         if status.as_u16() != code {
             return Err(format!(
-                "status {status}, README shows {status_line}: {text}"
+                "status {status}, the document shows {status_line}: {text}"
             ));
         }
         shown_headers = output.by_ref().take_while(|l| !l.is_empty()).collect();
@@ -365,23 +393,37 @@ async fn check_example(
         let want = with_real_ids(shown, ids);
         let got = headers.get(name).and_then(|v| v.to_str().ok());
         if got != Some(want.as_str()) {
-            return Err(format!("header {name}: {got:?}, README shows {want}"));
+            return Err(format!("header {name}: {got:?}, the document shows {want}"));
         }
     }
     Ok(())
 }
 
-/// The README's requests, run in order against a gateway, answer what the README shows.
-/// A job id first seen in a request (a job the text only mentions) is made for it: a job
-/// enqueued and fetched. The commands are typed seconds apart by a reader, so a job they
-/// name is given time to leave its retry backoff, and a read is retried while events are
-/// still on their way.
 #[tokio::test]
 async fn the_readme_requests_answer_what_the_readme_shows() {
+    answers_what_it_shows("README.md").await;
+}
+
+#[tokio::test]
+async fn the_api_tour_requests_answer_what_the_tour_shows() {
+    answers_what_it_shows("docs/api-tour.md").await;
+}
+
+#[tokio::test]
+async fn the_operations_requests_answer_what_the_guide_shows() {
+    answers_what_it_shows("docs/operations.md").await;
+}
+
+/// A document's requests, run in order against a gateway of its own, answer what the
+/// document shows. A job id first seen in a request (a job the text only mentions) is made
+/// for it: a job enqueued and fetched. The commands are typed seconds apart by a reader, so
+/// a job they name is given time to leave its retry backoff, and a read is retried while
+/// events are still on their way.
+async fn answers_what_it_shows(path: &str) {
     let nats = common::NatsServer::start();
     let app = common::spawn_app(&nats.url).await;
     let mut ids: HashMap<String, String> = HashMap::new();
-    for example in console_examples() {
+    for example in console_examples(path) {
         for shown in uuids(&example.command) {
             if !ids.contains_key(shown) {
                 let id = app
@@ -419,7 +461,7 @@ async fn the_readme_requests_answer_what_the_readme_shows() {
                 Err(_) if read_only && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Err(e) => panic!("README example `{}`: {e}", example.command),
+                Err(e) => panic!("{path} example `{}`: {e}", example.command),
             }
         }
     }

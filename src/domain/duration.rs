@@ -12,7 +12,7 @@ use super::error::OjsError;
 /// `@every` and relative times (`+P…`). Bounding them here keeps every deadline and due time
 /// computed from one far inside what time arithmetic and RFC 3339 can hold.
 pub const MAX: Duration = Duration::from_secs(365 * 86_400);
-/// [`MAX`] as error messages and the README write it.
+/// [`MAX`] as error messages and docs/configuration.md write it.
 pub const MAX_TEXT: &str = "P365D (31536000000 ms)";
 
 /// Parses an ISO 8601 or Go-style duration. `None` when the text is neither, or longer than

@@ -1,6 +1,7 @@
 //! The README and the docs stay true: the source layout of docs/development.md lists every
-//! source file and nothing else, and the example requests of every document with `console`
-//! blocks, run against a gateway, answer what the document shows.
+//! source file and nothing else, the metrics tables of docs/operations.md name every metric
+//! the code registers, and the example requests of every document with `console` blocks,
+//! run against a gateway, answer what the document shows.
 
 use crate::common;
 
@@ -85,6 +86,40 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
         .filter(|w| w.ends_with(".rs") && !files.contains(*w))
         .collect();
     assert!(stale.is_empty(), "listed but not in {root}/: {stale:?}");
+}
+
+/// The texts between backticks in a table cell.
+fn code_spans(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// The metrics tables list what `src/telemetry/` registers: every metric name written there
+/// as a string of its own, and nothing else.
+#[test]
+fn the_metrics_tables_name_every_metric_the_code_registers() {
+    let mut registered = BTreeSet::new();
+    for file in ["src/telemetry/metrics.rs", "src/telemetry/job_metrics.rs"] {
+        let code = document(file);
+        for (at, _) in code.match_indices("\"ojs_") {
+            let name = &code[at + 1..];
+            let name = &name[..name.find('"').expect("a closing quote")];
+            if name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                registered.insert(name.to_owned());
+            }
+        }
+    }
+    let doc = document("docs/operations.md");
+    let metrics = &doc[doc.find("## Metrics").expect("a Metrics section")..];
+    let metrics = &metrics[..metrics[3..]
+        .find("\n## ")
+        .map_or(metrics.len(), |end| end + 3)];
+    let tabled: BTreeSet<String> = metrics
+        .lines()
+        .filter(|l| l.starts_with("| `ojs_"))
+        .flat_map(|l| code_spans(l.trim_matches('|').split('|').next().unwrap()))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(tabled, registered, "the metrics tables and src/telemetry/");
 }
 
 /// Every document with `console` examples has a test below that runs them.

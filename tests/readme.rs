@@ -1,7 +1,8 @@
 //! The README and the docs stay true: the source layout of docs/development.md lists every
-//! source file and nothing else, the metrics tables of docs/operations.md name every metric
-//! the code registers, and the example requests of every document with `console` blocks,
-//! run against a gateway, answer what the document shows.
+//! source file and nothing else, the settings table of docs/configuration.md names every
+//! setting with its variable and default, the metrics tables of docs/operations.md name every
+//! metric the code registers, and the example requests of every document with `console`
+//! blocks, run against a gateway, answer what the document shows.
 
 use crate::common;
 
@@ -9,6 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
 /// A document of the repository, by its path from the root.
@@ -91,6 +93,47 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
 /// The texts between backticks in a table cell.
 fn code_spans(cell: &str) -> Vec<&str> {
     cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// The cells of each row of the first table whose header row starts with `header`.
+fn table_rows<'d>(doc: &'d str, header: &str) -> Vec<Vec<&'d str>> {
+    doc.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect()
+}
+
+/// The settings table names each setting once, with its `OJS_` variable and its built-in
+/// default (`empty` for an empty text or list), and names no setting the gateway lacks.
+#[test]
+fn the_settings_table_names_every_setting_with_its_variable_and_default() {
+    let doc = document("docs/configuration.md");
+    let defaults = serde_json::to_value(Config::default()).unwrap();
+    let defaults = defaults.as_object().unwrap();
+    let mut named = BTreeSet::new();
+    for row in table_rows(&doc, "| Setting |") {
+        let (settings, variables) = (code_spans(row[0]), code_spans(row[1]));
+        assert_eq!(settings.len(), variables.len(), "row {row:?}");
+        for (setting, variable) in settings.into_iter().zip(variables) {
+            assert!(named.insert(setting), "{setting} is in the table twice");
+            assert_eq!(variable, format!("OJS_{}", setting.to_uppercase()));
+            let default = defaults
+                .get(setting)
+                .unwrap_or_else(|| panic!("{setting} is no setting of the gateway"));
+            let shown = (!row[2].starts_with("empty")).then(|| code_spans(row[2])[0]);
+            let real = match default {
+                Value::String(s) if s.is_empty() => None,
+                Value::Array(a) if a.is_empty() => None,
+                Value::String(s) => Some(s.clone()),
+                other => Some(other.to_string()),
+            };
+            assert_eq!(shown, real.as_deref(), "the default of {setting}");
+        }
+    }
+    let settings: BTreeSet<&str> = defaults.keys().map(String::as_str).collect();
+    assert_eq!(named, settings, "settings and the table's rows");
 }
 
 /// The metrics tables list what `src/telemetry/` registers: every metric name written there

@@ -1,5 +1,7 @@
-//! The eight job states and the transitions between them (core §6.4). Every state write in
-//! the store asks [`check`] first; anything not in the table is refused with the current state.
+//! The eight job states and the transitions between them (core §6.4). [`check`] refuses a
+//! transition outside the table with the current state; the claim and the cancel ask it. The
+//! other transitions of `lifecycle.rs` test the state they start from themselves: [`expect`]
+//! (a 409 naming the state needed), or a match that returns no next record.
 
 use serde::{Deserialize, Serialize};
 

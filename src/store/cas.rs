@@ -113,19 +113,28 @@ pub(super) async fn write(
         match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
             Some(Refused::InFlight) if after_silence => pause_after(Refused::InFlight, round).await,
             Some(Refused::Outdated) if after_silence => {
-                let last = last(kv, key, Replica::Leader, doing).await?;
-                return Ok(match last {
-                    Some(last) if last.value.as_ref() == Some(&value) => {
-                        Cas::Written(last.revision)
-                    }
-                    _ => Cas::Refused(Refused::Outdated),
-                });
+                return landed(kv, key, doing, |last| last == Some(&value)).await;
             }
             Some(why) => return Ok(Cas::Refused(why)),
             None => return Err(nats_failed(doing, err)),
         }
     }
     Ok(Cas::Refused(Refused::InFlight))
+}
+
+/// Whether a write refused after an unanswered try landed after all: the key's last write
+/// at the stream leader is `ours` (its value; `None` for a removal) — written at that
+/// revision — or another writer's, an outdated revision.
+pub(super) async fn landed(
+    kv: &kv::Store,
+    key: &str,
+    doing: &str,
+    ours: impl Fn(Option<&Bytes>) -> bool,
+) -> Result<Cas, OjsError> {
+    Ok(match last(kv, key, Replica::Leader, doing).await? {
+        Some(last) if ours(last.value.as_ref()) => Cas::Written(last.revision),
+        _ => Cas::Refused(Refused::Outdated),
+    })
 }
 
 /// Before the next round after a refused write: none after an outdated revision (read

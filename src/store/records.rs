@@ -12,7 +12,7 @@ use tracing::warn;
 
 use super::cas::{self, Cas, Replica};
 use super::deadline::answered;
-use super::error::{nats_failed, refusal, Refused};
+use super::error::{nats_failed, refusal};
 use super::publish::Sent;
 use super::timers::Timer;
 use super::Store;
@@ -218,11 +218,7 @@ impl Store {
         };
         match refusal(&err, PublishErrorKind::WrongLastSequence) {
             Some(_) if answer.after_silence => {
-                let last = cas::last(&self.inner.jobs, &rec.job.id, Replica::Leader, doing).await?;
-                Ok(match last {
-                    Some(last) if last.value.is_none() => Cas::Written(last.revision),
-                    _ => Cas::Refused(Refused::Outdated),
-                })
+                cas::landed(&self.inner.jobs, &rec.job.id, doing, |last| last.is_none()).await
             }
             Some(why) => Ok(Cas::Refused(why)),
             None => Err(nats_failed(doing, err)),

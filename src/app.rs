@@ -5,20 +5,19 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::serve::ListenerExt;
 use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::config::Config;
 use crate::coordinator::{Coordinator, Stalls};
 use crate::domain::error::OjsError;
 use crate::http::auth::Keys;
-use crate::http::{router, AppState};
-use crate::store::{connection, Store};
+use crate::http::{serve, AppState};
+use crate::store::connection;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 
@@ -34,12 +33,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), OjsError> {
     let keys = Keys::from_config(&config).map_err(OjsError::backend)?;
-    let options = connection::options(&config)
-        .await
-        .map_err(OjsError::backend)?;
     let shutdown = shutdown.shared();
     let store = tokio::select! {
-        store = connect(&config, options) => store,
+        store = connection::connect(&config) => store?,
         _ = shutdown.clone() => return Ok(()),
     };
     let cancel = CancellationToken::new();
@@ -66,21 +62,9 @@ pub async fn run(
         store,
         config,
         metrics,
-        keys,
         started: Instant::now(),
         event_streams: Arc::new(tokio::sync::Semaphore::new(crate::http::MAX_EVENT_STREAMS)),
         stalls,
-    });
-    let addr = listener
-        .local_addr()
-        .map_err(|e| OjsError::backend(e.to_string()))?;
-    info!(%addr, "ojs-jetstream listening");
-    // Small responses go out at once: without TCP_NODELAY a response can wait for the
-    // client's delayed ACK of the previous one (tens of milliseconds).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            warn!(error = %err, "could not set TCP_NODELAY on a connection");
-        }
     });
     let store = state.store.clone();
     let shutdown = async move {
@@ -88,10 +72,7 @@ pub async fn run(
         // Before the server waits for in-flight requests: long polls would hold it up to 10 s.
         store.stop_waiting();
     };
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| OjsError::backend("The HTTP server failed.").with_source(e))?;
+    serve(listener, state, keys, shutdown).await?;
 
     cancel.cancel();
     tasks.close();
@@ -102,20 +83,4 @@ pub async fn run(
         warn!("background services did not stop within 10 s");
     }
     Ok(())
-}
-
-/// Connects and sets up the topology, retrying while NATS is not there yet (a cluster still
-/// forming, a server restarting); every failed try is logged with its reason.
-async fn connect(config: &Config, options: async_nats::ConnectOptions) -> Store {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match Store::connect(config, options.clone()).await {
-            Ok(store) => return store,
-            Err(err) => {
-                warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "NATS is not ready");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
 }

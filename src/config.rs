@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
-use crate::http::auth::ApiKeys;
 pub use crate::telemetry::logs::LogFormat;
+use sha2::{Digest, Sha256};
 
 /// Every setting, with its default. `config/ojs-jetstream.toml` documents each one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -273,6 +273,53 @@ impl From<KeyList> for Vec<String> {
     fn from(keys: KeyList) -> Self {
         keys.0
     }
+}
+
+/// Shortest key accepted as given: 32 characters, so a random key carries the spec's 256
+/// bits when it is hex of 32 random bytes or longer (`openssl rand -hex 32`).
+const MIN_KEY_CHARS: usize = 32;
+
+/// A key's SHA-256: how the gateway holds and compares keys (`http/auth.rs`), so neither a
+/// memory dump nor the settings need hold a key itself.
+pub type KeyDigest = [u8; 32];
+
+pub fn key_digest(key: &str) -> KeyDigest {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl KeyList {
+    /// The keys as digests: each the key itself, hashed, or `sha256:<64 hex digits>`.
+    ///
+    /// # Errors
+    /// The first key that is too short or a digest that is not 64 hex digits (the message
+    /// names its position, never the key).
+    pub fn digests(&self) -> Result<Vec<KeyDigest>, String> {
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, key)| match key.strip_prefix("sha256:") {
+                Some(hex) => digest_from_hex(hex)
+                    .ok_or_else(|| format!("key {}: sha256: needs 64 hex digits", i + 1)),
+                None if key.chars().count() < MIN_KEY_CHARS => Err(format!(
+                    "key {} is shorter than {MIN_KEY_CHARS} characters",
+                    i + 1
+                )),
+                None => Ok(key_digest(key)),
+            })
+            .collect()
+    }
+}
+
+fn digest_from_hex(hex: &str) -> Option<KeyDigest> {
+    // `from_str_radix` alone would take a sign ("+f") as a digit pair.
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut digest = KeyDigest::default();
+    for (i, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(digest)
 }
 
 impl std::fmt::Debug for KeyList {
@@ -543,7 +590,7 @@ impl Config {
             ("api_keys", &self.api_keys),
             ("admin_api_keys", &self.admin_api_keys),
         ] {
-            if let Err(reason) = ApiKeys::parse(&keys.0) {
+            if let Err(reason) = keys.digests() {
                 return invalid(field, &reason);
             }
         }
@@ -572,19 +619,31 @@ impl Config {
     }
 
     /// The servers `nats_url` lists, comma-separated: the client connects to any one of
-    /// them and reconnects to the others when it goes away.
+    /// them and reconnects to the others when it goes away. A URL without a scheme is
+    /// `nats://`, as NATS clients read it.
     ///
     /// # Errors
     /// The first URL that does not read, or a list without any.
-    pub fn nats_servers(&self) -> Result<Vec<async_nats::ServerAddr>, String> {
+    pub fn nats_servers(&self) -> Result<Vec<url::Url>, String> {
         let servers = self
             .nats_url
             .split(',')
             .map(str::trim)
             .filter(|url| !url.is_empty())
-            .map(|url| {
-                url.parse::<async_nats::ServerAddr>()
-                    .map_err(|e| format!("{url:?} is not a NATS server URL: {e}"))
+            .map(|raw| {
+                let full = if raw.contains("://") {
+                    raw.to_owned()
+                } else {
+                    format!("nats://{raw}")
+                };
+                let url = url::Url::parse(&full)
+                    .map_err(|e| format!("{raw:?} is not a NATS server URL: {e}"))?;
+                match url.scheme() {
+                    "nats" | "tls" | "ws" | "wss" if url.host().is_some() => Ok(url),
+                    _ => Err(format!(
+                        "{raw:?} is not a NATS server URL: it needs a host and one of the schemes nats, tls, ws, wss"
+                    )),
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         if servers.is_empty() {
@@ -828,11 +887,17 @@ mod tests {
             .nats_servers()
             .unwrap()
             .iter()
-            .map(|s| format!("{}:{}", s.host(), s.port()))
+            .map(|s| format!("{}:{}", s.host_str().unwrap(), s.port().unwrap()))
             .collect();
         assert_eq!(servers, ["a:4222", "b:4223", "c:4224"]);
         cfg.validate().unwrap();
-        for bad in ["", " , ", "nats://a:4222,nats://b:port", "nats://a:99999"] {
+        for bad in [
+            "",
+            " , ",
+            "nats://a:4222,nats://b:port",
+            "nats://a:99999",
+            "http://a:4222",
+        ] {
             let cfg = Config {
                 nats_url: bad.into(),
                 ..Config::default()
@@ -904,6 +969,24 @@ mod tests {
             assert!(!err.to_string().contains("too-short"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    fn a_key_is_read_as_itself_or_its_digest_and_nothing_shorter_is_accepted() {
+        const KEY: &str = "0123456789abcdef0123456789abcdef-producer";
+        let hex: String = key_digest(KEY).iter().map(|b| format!("{b:02x}")).collect();
+        let list = |keys: &[&str]| KeyList(keys.iter().map(|k| k.to_string()).collect());
+        assert_eq!(list(&[KEY]).digests().unwrap(), [key_digest(KEY)]);
+        let by_digest = format!("sha256:{hex}");
+        assert_eq!(list(&[&by_digest]).digests().unwrap(), [key_digest(KEY)]);
+        assert!(list(&["short"]).digests().unwrap_err().contains("key 1"));
+        assert!(list(&["sha256:abc"]).digests().is_err());
+        assert!(list(&[&format!("sha256:{}", "zz".repeat(32))])
+            .digests()
+            .is_err());
+        assert!(list(&[&format!("sha256:{}", "+f".repeat(32))])
+            .digests()
+            .is_err());
     }
 
     #[test]

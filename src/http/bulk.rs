@@ -5,8 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::error::ApiError;
 use super::extract::JsonObject;
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::bulk::{self, BulkOp};
 
 pub async fn cancel(state: State<SharedState>, body: JsonObject) -> Result<Response, ApiError> {

@@ -10,8 +10,10 @@ use axum::response::Response;
 use chrono::Utc;
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::extract::{pagination, paging, JsonObject};
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::cron::{is_entry_name, CronEntry};
 use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;

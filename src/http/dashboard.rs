@@ -5,34 +5,25 @@
 
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
-use axum::Router;
-
-use super::SharedState;
 
 const INDEX: &str = include_str!("dashboard/index.html");
 const SCRIPT: &str = include_str!("dashboard/app.js");
 const STYLE: &str = include_str!("dashboard/app.css");
 
-/// The dashboard's routes; not API routes, so not in the OpenAPI document.
-pub fn routes() -> Router<SharedState> {
-    Router::new()
-        .route(
-            "/ojs/admin",
-            get(|| async { Redirect::permanent("/ojs/admin/") }),
-        )
-        .route(
-            "/ojs/admin/",
-            get(|| async { asset(INDEX, "text/html; charset=utf-8") }),
-        )
-        .route(
-            "/ojs/admin/app.js",
-            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/ojs/admin/app.css",
-            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
-        )
+pub async fn redirect() -> Redirect {
+    Redirect::permanent("/ojs/admin/")
+}
+
+pub async fn index() -> Response {
+    asset(INDEX, "text/html; charset=utf-8")
+}
+
+pub async fn script() -> Response {
+    asset(SCRIPT, "text/javascript; charset=utf-8")
+}
+
+pub async fn style() -> Response {
+    asset(STYLE, "text/css; charset=utf-8")
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {

@@ -8,8 +8,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
+use super::error::ApiError;
 use super::extract::query_number;
-use super::{job_id, respond, ApiError, SharedState};
+use super::respond::{job_id, respond};
+use super::state::SharedState;
 use crate::domain::envelope::validate_queue;
 
 const DEFAULT_LIMIT: usize = 50;

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::respond;
+use super::respond::respond;
 use crate::domain::error::{Category, ErrorCode, OjsError};
 
 /// An error leaving a handler.

@@ -7,8 +7,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
+use super::error::ApiError;
 use super::extract::{event_types, query_list};
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::error::OjsError;
 use crate::store::EventQuery;
 

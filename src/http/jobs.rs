@@ -9,8 +9,10 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::error::ApiError;
 use super::extract::JsonObject;
-use super::{job_id, respond, ApiError, SharedState};
+use super::respond::{job_id, respond};
+use super::state::SharedState;
 use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -209,7 +211,7 @@ pub async fn cancel(
 /// clients that read a bare job (the Rust OJS client). A failed attempt's `error` stays
 /// inside `job`: clients take a top-level `error` for a failed request.
 fn bare_too(job: Value) -> Value {
-    super::wrapped_and_bare("job", job, &["error"])
+    super::respond::wrapped_and_bare("job", job, &["error"])
 }
 
 pub async fn activate(

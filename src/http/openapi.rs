@@ -1,87 +1,30 @@
-//! `GET /ojs/v1/openapi.json`: an OpenAPI 3.1 document of this build's routes. Every route
-//! is added to the router through [`Routes::add`], which records its method, path and
-//! summary, so the document lists exactly what the router serves and nothing else; who may
-//! call a route comes from the same rule the API keys are checked by (`auth::access`).
+//! `GET /ojs/v1/openapi.json`: an OpenAPI 3.1 document of this build's routes, made from
+//! the rows of the route table (`routes.rs`) that the router and the API-key check are
+//! built from, so it lists exactly what is served and who may call it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use axum::handler::Handler;
-use axum::http::{Method, StatusCode};
-use axum::routing::{on, MethodFilter};
-use axum::Router;
+use axum::http::Method;
 use serde_json::{json, Map, Value};
 
-use super::auth::{access, Access};
-use super::{respond, SharedState, OJS_MEDIA_TYPE};
+use super::auth::Access;
+use super::respond::OJS_MEDIA_TYPE;
 
 /// Where the document is served.
 pub const PATH: &str = "/ojs/v1/openapi.json";
 
-/// One documented operation.
-struct Operation {
-    method: Method,
-    path: &'static str,
-    summary: &'static str,
+/// One route, as the route table (`routes.rs`) adds it.
+pub struct Operation {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+    pub summary: &'static str,
 }
 
-/// A router under construction, and the operations added to it.
-pub struct Routes {
-    router: Router<SharedState>,
-    operations: Vec<Operation>,
-}
-
-impl Routes {
-    pub fn new() -> Routes {
-        Routes {
-            router: Router::new(),
-            operations: Vec::new(),
-        }
-    }
-
-    /// Serves `handler` for `method` on `path`, documented as `summary`.
-    pub fn add<H, T>(
-        mut self,
-        method: Method,
-        path: &'static str,
-        summary: &'static str,
-        handler: H,
-    ) -> Routes
-    where
-        H: Handler<T, SharedState>,
-        T: 'static,
-    {
-        let filter = MethodFilter::try_from(method.clone()).expect("a routable method");
-        self.router = self.router.route(path, on(filter, handler));
-        self.operations.push(Operation {
-            method,
-            path,
-            summary,
-        });
-        self
-    }
-
-    /// The router, with the document of every route added (its own included).
-    pub fn finish(mut self) -> Router<SharedState> {
-        self.operations.push(Operation {
-            method: Method::GET,
-            path: PATH,
-            summary: "This OpenAPI document: every route of this build",
-        });
-        let document = Arc::new(document(&self.operations));
-        self.router.route(
-            PATH,
-            on(MethodFilter::GET, move || {
-                let document = document.clone();
-                async move { respond(StatusCode::OK, &*document) }
-            }),
-        )
-    }
-}
-
-fn document(operations: &[Operation]) -> Value {
+/// The document of `operations`: the API's routes; the dashboard's pages are left out.
+pub fn document(operations: &[Operation]) -> Value {
     let mut paths: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
-    for op in operations {
+    for op in operations.iter().filter(|op| op.access != Access::Page) {
         paths
             .entry(op.path)
             .or_default()
@@ -138,8 +81,8 @@ fn operation(op: &Operation) -> Value {
             "content": {OJS_MEDIA_TYPE: {"schema": {"type": "object"}}, "application/json": {"schema": {"type": "object"}}},
         });
     }
-    match access(&op.method, op.path) {
-        Access::Open | Access::Probe => {
+    match op.access {
+        Access::Page | Access::Probe => {
             out["security"] = json!([{}, {"apiKey": []}]);
         }
         Access::Key => out["security"] = json!([{"apiKey": []}]),

@@ -6,8 +6,10 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::extract::JsonObject;
-use super::{job_id, respond, ApiError, SharedState};
+use super::respond::{job_id, respond};
+use super::state::SharedState;
 use crate::domain::job::Job;
 use crate::domain::progress::Update;
 use crate::domain::time;

@@ -7,8 +7,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::error::ApiError;
 use super::extract::{pagination, paging};
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::envelope::validate_queue;
 use crate::domain::state::JobState;
 use crate::store::Pressure;

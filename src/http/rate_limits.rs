@@ -7,7 +7,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::{respond, ApiError, SharedState};
+use super::error::ApiError;
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::state::JobState;

@@ -17,8 +17,10 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::error::ApiError;
 use super::extract::event_types;
-use super::{job_id, ApiError, SharedState};
+use super::respond::job_id;
+use super::state::SharedState;
 use crate::domain::envelope::{parse_job_id, validate_queue};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::event::{state_changed, Event};

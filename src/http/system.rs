@@ -5,7 +5,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::{respond, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::telemetry::job_metrics;
 use tracing::warn;
 

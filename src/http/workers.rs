@@ -8,8 +8,10 @@ use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::error::ApiError;
 use super::extract::JsonObject;
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::error::OjsError;
 use crate::domain::requests;
 use crate::domain::time;

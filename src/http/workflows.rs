@@ -8,8 +8,10 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
+use super::error::ApiError;
 use super::extract::JsonObject;
-use super::{respond, ApiError, SharedState};
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::time;
 use crate::domain::workflow::{self, kind_name, Status};
 use crate::store::WorkflowView;
@@ -54,7 +56,7 @@ pub async fn cancel(
 
 /// `{"workflow": w}` with `w`'s fields also at the top level.
 fn answer(described: Map<String, Value>) -> Value {
-    super::wrapped_and_bare("workflow", Value::Object(described), &[])
+    super::respond::wrapped_and_bare("workflow", Value::Object(described), &[])
 }
 
 fn describe(view: &WorkflowView) -> Map<String, Value> {

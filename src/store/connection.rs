@@ -6,15 +6,38 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::ConnectOptions;
+use tracing::warn;
 
+use super::Store;
 use crate::config::Config;
+use crate::domain::error::OjsError;
+
+/// Connects and sets up the topology, retrying while NATS is not there yet (a cluster still
+/// forming, a server restarting); every failed try is logged with its reason.
+///
+/// # Errors
+/// When the options cannot be made (see [`options`]): a setting to fix, not worth waiting.
+pub async fn connect(config: &Config) -> Result<Store, OjsError> {
+    let options = options(config).await.map_err(OjsError::backend)?;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match Store::connect(config, options.clone()).await {
+            Ok(store) => return Ok(store),
+            Err(err) => {
+                warn!(error = %err, retry_in_ms = delay.as_millis() as u64, "NATS is not ready");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
 
 /// The options every connection of this gateway uses.
 ///
 /// # Errors
 /// When the credentials file cannot be read or does not parse (a setting to fix, not a
 /// NATS outage to wait out).
-pub async fn options(cfg: &Config) -> Result<ConnectOptions, String> {
+async fn options(cfg: &Config) -> Result<ConnectOptions, String> {
     let mut options = ConnectOptions::new()
         .name(format!("{} gateway", cfg.service_name))
         .request_timeout(Some(Duration::from_millis(cfg.nats_timeout_ms)));

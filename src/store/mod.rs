@@ -174,9 +174,16 @@ impl Store {
         cfg: &Config,
         options: async_nats::ConnectOptions,
     ) -> Result<Store, OjsError> {
-        let servers = cfg.nats_servers().map_err(|reason| {
-            OjsError::new(ErrorCode::BackendUnavailable, format!("nats_url: {reason}"))
-        })?;
+        let servers = cfg
+            .nats_servers()
+            .and_then(|urls| {
+                urls.into_iter()
+                    .map(|url| async_nats::ServerAddr::from_url(url).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|reason| {
+                OjsError::new(ErrorCode::BackendUnavailable, format!("nats_url: {reason}"))
+            })?;
         let client = options.connect(servers).await.map_err(|e| {
             OjsError::new(
                 ErrorCode::BackendUnavailable,

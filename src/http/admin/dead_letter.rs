@@ -14,8 +14,10 @@ use crate::domain::envelope::validate_queue;
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
 use crate::domain::state::JobState;
+use crate::http::error::ApiError;
 use crate::http::extract::JsonObject;
-use crate::http::{respond, ApiError, SharedState};
+use crate::http::respond::respond;
+use crate::http::state::SharedState;
 
 /// `GET /admin/dead-letter?queue&per_page&cursor&order`: the jobs listing of `discarded`.
 pub async fn list(

@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 use super::run_bulk;
 use crate::domain::bulk::BulkOp;
 use crate::domain::listing::{summary, ListQuery};
+use crate::http::error::ApiError;
 use crate::http::extract::JsonObject;
-use crate::http::{job_id, respond, ApiError, SharedState};
+use crate::http::respond::{job_id, respond};
+use crate::http::state::SharedState;
 use crate::store::JobPage;
 
 /// `GET /admin/jobs`: `{items, pagination: {total, per_page, next_cursor}}`.

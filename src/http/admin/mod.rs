@@ -15,7 +15,9 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 
-use super::{respond, ApiError, SharedState};
+use super::error::ApiError;
+use super::respond::respond;
+use super::state::SharedState;
 use crate::domain::bulk::{self, BulkOp, MAX_BULK_IDS};
 use crate::domain::error::OjsError;
 use crate::domain::fields;

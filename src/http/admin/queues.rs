@@ -18,9 +18,11 @@ use crate::domain::queue_config;
 use crate::domain::state::JobState;
 use crate::domain::stats::QueueCounts;
 use crate::domain::time::format;
+use crate::http::error::ApiError;
 use crate::http::extract::JsonObject;
 use crate::http::queues::backpressure_json;
-use crate::http::{respond, ApiError, SharedState};
+use crate::http::respond::respond;
+use crate::http::state::SharedState;
 use crate::store::QueueMeta;
 
 /// `GET /admin/queues`: every registered queue, one counter read each (admin spec §6.1).

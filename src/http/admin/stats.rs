@@ -8,7 +8,9 @@ use chrono::Utc;
 use serde_json::json;
 
 use crate::domain::state::JobState;
-use crate::http::{respond, ApiError, SharedState};
+use crate::http::error::ApiError;
+use crate::http::respond::respond;
+use crate::http::state::SharedState;
 
 pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError> {
     // Exact for what was written before the request, as a queue's statistics are.

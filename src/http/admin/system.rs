@@ -4,7 +4,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::http::{respond, SharedState};
+use crate::http::respond::respond;
+use crate::http::state::SharedState;
 
 /// `GET /admin/system/config` (admin spec §12.2): this replica's settings (`Config::public`).
 pub async fn config(State(state): State<SharedState>) -> Response {

@@ -12,8 +12,10 @@ use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
 use crate::domain::time::format;
 use crate::domain::worker::is_worker_id;
+use crate::http::error::ApiError;
 use crate::http::extract::{pagination, paging};
-use crate::http::{respond, ApiError, SharedState};
+use crate::http::respond::respond;
+use crate::http::state::SharedState;
 use crate::store::{WorkerRecord, WorkerState};
 
 const DEFAULT_PER_PAGE: usize = 100;

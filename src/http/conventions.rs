@@ -1,0 +1,154 @@
+//! What every response shares (HTTP binding §3.2, §6.5): the media type, `OJS-Version`,
+//! `X-Request-Id`, errors in the OJS format (the framework's own rejections and unknown
+//! routes too), the request's deadline, and request metrics.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tracing::error;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::error::{self, ApiError};
+use super::respond::{respond, OJS_MEDIA_TYPE};
+use super::state::SharedState;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::fields::truncated;
+use crate::store::deadline;
+
+pub(super) async fn not_found(req: Request) -> ApiError {
+    OjsError::new(
+        ErrorCode::NotFound,
+        format!("No endpoint at {} {}.", req.method(), req.uri().path()),
+    )
+    .with_detail("resource_type", "route")
+    .with_detail("resource_id", truncated(req.uri().path()))
+    .into()
+}
+
+pub(super) async fn method_not_allowed(req: Request) -> Response {
+    let err = OjsError::new(
+        ErrorCode::InvalidRequest,
+        format!("{} is not allowed on {}.", req.method(), req.uri().path()),
+    );
+    let mut response = ApiError(err).into_response();
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
+/// Header conventions of HTTP binding §3.2 and §6.5 on every response, the request id in
+/// error bodies, one log line per server error, and request metrics.
+pub(super) async fn conventions(
+    State(state): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 200)
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("req_{}", Uuid::now_v7()));
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = req.method().clone();
+    let plain_json = wants_plain_json(req.headers());
+    let version = req
+        .headers()
+        .get("ojs-version")
+        .map(|v| v.to_str().unwrap_or("?").trim().to_owned());
+
+    let mut response = match version.as_deref() {
+        None | Some("1" | "1.0" | "1.0.0-rc.1") => {
+            // At debug level: an enabled span per request costs the gateway about a tenth
+            // of its throughput (measured with scripts/bench.sh); a disabled one nothing.
+            let span = tracing::debug_span!("request", request_id = %request_id, method = %method, route = %route);
+            // Every NATS step of the request shares its deadline (`store::deadline`).
+            let deadline = started + state.config.request_deadline();
+            deadline::within(deadline.into(), next.run(req).instrument(span)).await
+        }
+        Some(other) => ApiError(OjsError::new(
+            ErrorCode::Unsupported,
+            format!("OJS-Version {other:?} is not supported; this server speaks 1.0."),
+        ))
+        .into_response(),
+    };
+    // A rejection by the framework itself (a path or query that does not decode, say) is
+    // plain text: answer it in the OJS error format like every other error.
+    if response.status().is_client_error()
+        && response.extensions().get::<OjsError>().is_none()
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes())
+            != Some(OJS_MEDIA_TYPE.as_bytes())
+    {
+        let text = axum::body::to_bytes(std::mem::take(response.body_mut()), 4096)
+            .await
+            .unwrap_or_default();
+        let reason = String::from_utf8_lossy(&text);
+        response.extensions_mut().insert(OjsError::new(
+            ErrorCode::InvalidRequest,
+            format!("The request could not be read: {}", reason.trim()),
+        ));
+    }
+    if let Some(err) = response.extensions_mut().remove::<OjsError>() {
+        if response.status().is_server_error() {
+            error!(request_id = %request_id, %method, route = %route, error = %err.with_causes(), "request failed");
+        }
+        let status = response.status();
+        let mut rendered = respond(status, &error::body(&err, Some(&request_id)));
+        std::mem::swap(response.body_mut(), rendered.body_mut());
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(OJS_MEDIA_TYPE),
+        );
+    }
+    let headers = response.headers_mut();
+    if plain_json
+        && headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes())
+            == Some(OJS_MEDIA_TYPE.as_bytes())
+    {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    headers.insert("ojs-version", HeaderValue::from_static("1.0"));
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        headers.insert("x-request-id", v);
+    }
+    state.metrics.observe_request(
+        method.as_str(),
+        &route,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// Whether `Accept` names `application/json` and not the OJS media type: such clients (the
+/// Python OJS client, asked to) read only bodies labelled `application/json`, so JSON
+/// responses are labelled so for them; everyone else gets the OJS media type.
+fn wants_plain_json(headers: &axum::http::HeaderMap) -> bool {
+    let mut json = false;
+    for accept in headers.get_all(header::ACCEPT) {
+        for media in accept.to_str().unwrap_or("").split(',') {
+            let media = media.split(';').next().unwrap_or("").trim();
+            if media.eq_ignore_ascii_case(OJS_MEDIA_TYPE) {
+                return false;
+            }
+            json |= media.eq_ignore_ascii_case("application/json");
+        }
+    }
+    json
+}

@@ -1,0 +1,22 @@
+//! What every handler shares.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::store::Store;
+use crate::telemetry::metrics::Metrics;
+
+/// Shared by every handler.
+pub struct AppState {
+    pub store: Store,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub started: Instant,
+    /// Live event streams this gateway may still open (`stream.rs`).
+    pub event_streams: Arc<tokio::sync::Semaphore>,
+    /// This replica's last leadership given up for a stalled service, for the health check.
+    pub stalls: crate::coordinator::Stalls,
+}
+
+pub type SharedState = Arc<AppState>;

@@ -2,10 +2,11 @@
 
 use serde_json::{json, Value};
 
-use super::table::{cell, render, rows};
-use super::{
-    Cli, Command, CronAction, DeadLetterAction, EventsAction, Failure, JobsAction, QueueAction,
+use super::args::{
+    Cli, Command, CronAction, DeadLetterAction, EventsAction, JobsAction, QueueAction,
 };
+use super::failure::Failure;
+use super::table::{cell, render, rows};
 use ojs_client::{Client, JobListing, JobSpec};
 
 /// Runs a client command (anything but `serve`).

@@ -6,11 +6,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::job::{stable_uuid, Job, JobError, JobRecord, Transition};
+use super::job::{stable_uuid, JobError, JobRecord, Step, Transition};
 use super::spans::traceparent_ids;
 use super::state::JobState;
 use super::time;
-use super::trail::Step;
 
 /// Events seed §2.1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,7 +138,7 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
             vec![("job.completed", with(data))]
         }
         Transition::Failed => {
-            let error = error_data(error_of(job, step.attempt));
+            let error = error_data(job.error_at(step.attempt));
             let failed = (
                 "job.failed",
                 with(json!({"attempt": step.attempt, "error": error})),
@@ -198,7 +197,7 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
             )]
         }
         Transition::Dropped => {
-            let error = error_data(error_of(job, step.attempt));
+            let error = error_data(job.error_at(step.attempt));
             vec![
                 (
                     "job.discarded",
@@ -249,15 +248,6 @@ pub fn state_changed(e: &Event) -> Option<Value> {
         "to": data.get("state")?,
         "timestamp": time::format(e.time),
     }))
-}
-
-/// The error reported at `attempt`: the latest, else the history's entry (which keeps at
-/// least the last ten).
-pub(crate) fn error_of(job: &Job, attempt: u32) -> Option<&JobError> {
-    job.error
-        .as_ref()
-        .filter(|e| e.attempt == attempt)
-        .or_else(|| job.errors.iter().rev().find(|e| e.attempt == attempt))
 }
 
 /// The trace id of a job with trace context (events seed §8.2-8.3): `meta.trace_id`, else
@@ -432,7 +422,7 @@ mod tests {
         let latest = last(&life);
         for (revision, rec) in life.iter().enumerate() {
             let revision = revision as u64 + 1;
-            let step = crate::domain::trail::Step::of(rec, revision);
+            let step = crate::domain::job::Step::of(rec, revision);
             assert_eq!(
                 step_events(&latest, &step, "s"),
                 job_events(rec, revision, "s"),

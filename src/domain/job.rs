@@ -8,8 +8,6 @@ use serde_json::{Map, Value};
 use super::retry::RetryPolicy;
 use super::state::JobState;
 use super::time;
-use super::trail::Step;
-use super::workflow::Slot;
 
 /// The envelope version this server writes (core §5.1).
 pub const SPEC_VERSION: &str = "1.0.0-rc.1";
@@ -124,6 +122,17 @@ pub struct Job {
     /// Unknown top-level fields, preserved and echoed (core §5.3).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+impl Job {
+    /// The error reported at `attempt`: the latest, else the history's entry (which keeps at
+    /// least the last ten).
+    pub fn error_at(&self, attempt: u32) -> Option<&JobError> {
+        self.error
+            .as_ref()
+            .filter(|e| e.attempt == attempt)
+            .or_else(|| self.errors.iter().rev().find(|e| e.attempt == attempt))
+    }
 }
 
 /// A structured failure (core §8, errors spec §6.1): the latest in `error`, all in `errors`.
@@ -260,6 +269,57 @@ impl JobRecord {
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a job record always serializes")
     }
+}
+
+/// One write of a job record, as much of it as its events need beyond what every later
+/// record of the job still says (id, type, queue, creation, priority, errors by attempt).
+/// Short field names: a record carries several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// The write's revision in the jobs bucket, which also fixes its event ids.
+    #[serde(rename = "r")]
+    pub revision: u64,
+    #[serde(rename = "t")]
+    pub transition: Transition,
+    /// The job's state after the write.
+    #[serde(rename = "s")]
+    pub state: JobState,
+    /// When the transition happened: the time of its events.
+    #[serde(rename = "at", with = "time::millis")]
+    pub at: DateTime<Utc>,
+    #[serde(rename = "a")]
+    pub attempt: u32,
+    /// The worker that started the attempt (`started`) or beat (`heartbeat`).
+    #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// `visible_until` of a heartbeat, the next attempt's time of a retry.
+    #[serde(
+        rename = "u",
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub until: Option<DateTime<Utc>>,
+    /// The job's state before the write, for the queue statistics.
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<JobState>,
+}
+
+/// A job's or nested workflow's place in its workflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Slot {
+    Member(usize),
+    Callback(Callback),
+}
+
+/// A batch's callbacks, in the order they are listed and fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Callback {
+    OnComplete,
+    OnSuccess,
+    OnFailure,
 }
 
 /// A UUIDv7 whose time is `at` and whose random bits are a hash of `seed`: the same seed and

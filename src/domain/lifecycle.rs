@@ -8,8 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::error::{ErrorCode, OjsError};
-use super::job::{Holder, JobError, JobRecord, Transition};
-use super::progress;
+use super::job::{Holder, Job, JobError, JobRecord, Transition};
 use super::state::{self, JobState};
 use super::time;
 
@@ -27,9 +26,13 @@ pub const MAX_ERROR_HISTORY_BYTES: usize = 32 * 1024;
 pub const RECORD_HEADROOM: usize = MAX_ERROR_BYTES
     + MAX_ERROR_HISTORY_BYTES
     + super::trail::MAX_TRAIL_BYTES
-    + super::progress::MAX_DATA_BYTES
-    + super::progress::MAX_MESSAGE_BYTES
+    + MAX_PROGRESS_DATA_BYTES
+    + MAX_PROGRESS_MESSAGE_BYTES
     + 4096;
+/// Largest `data` object of a progress update, serialized (the spec recommends 4 KiB).
+pub const MAX_PROGRESS_DATA_BYTES: usize = 16 * 1024;
+/// Longest `message` of a progress update.
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
 
 /// A worker's failure report (core §8; HTTP binding §10.3).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -83,7 +86,7 @@ pub fn claim(
     job.started_at = Some(now);
     job.worker_id = worker_id.map(str::to_owned);
     job.next_attempt_at = None;
-    progress::clear(job);
+    clear_progress(job);
     next.holder = Some(Holder {
         worker_id: worker_id.map(str::to_owned),
         ack_subject: delivery.ack_subject.clone(),
@@ -139,7 +142,7 @@ pub fn complete(
     job.completed_at = Some(now);
     job.result = result.filter(|r| !r.is_null());
     job.error = None;
-    progress::complete(job, now);
+    complete_progress(job, now);
     next.transition = Transition::Completed;
     Ok(next)
 }
@@ -619,6 +622,20 @@ fn leave_active(rec: &JobRecord) -> JobRecord {
     next.holder = None;
     next.job.worker_id = None;
     next
+}
+
+/// A new attempt starts with no progress (spec §5.3).
+fn clear_progress(job: &mut Job) {
+    job.progress = None;
+    job.progress_data = None;
+    job.progress_message = None;
+    job.progress_updated_at = None;
+}
+
+/// A completed job's progress is 1 (spec §8.1).
+fn complete_progress(job: &mut Job, now: DateTime<Utc>) {
+    job.progress = Some(1.0);
+    job.progress_updated_at = Some(now);
 }
 
 #[cfg(test)]

@@ -13,14 +13,10 @@ use serde_json::{Map, Value};
 use super::envelope::too_large;
 use super::error::OjsError;
 use super::fields::{self, present, type_error};
-use super::job::{Job, JobRecord, Transition};
-use super::lifecycle;
+use super::job::{JobRecord, Transition};
+use super::lifecycle::{self, MAX_PROGRESS_DATA_BYTES, MAX_PROGRESS_MESSAGE_BYTES};
 use super::requests::{job_id, worker_id};
 
-/// Largest `data` object of an update, serialized (the spec recommends 4 KiB).
-pub const MAX_DATA_BYTES: usize = 16 * 1024;
-/// Longest `message` of an update.
-pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// Shortest time between two progress writes of one job by one gateway (spec §6.2).
 pub const WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// Jobs the throttle tracks before it forgets those idle for a whole interval.
@@ -79,14 +75,14 @@ fn parse(body: &Map<String, Value>, value_field: &str, scale: f64) -> Result<Upd
     let data = fields::object(body.get("data"), "data")?.cloned();
     if let Some(d) = &data {
         let bytes = serde_json::to_vec(d).map_or(usize::MAX, |b| b.len());
-        if bytes > MAX_DATA_BYTES {
-            return Err(too_large("data", bytes, MAX_DATA_BYTES));
+        if bytes > MAX_PROGRESS_DATA_BYTES {
+            return Err(too_large("data", bytes, MAX_PROGRESS_DATA_BYTES));
         }
     }
     let message = fields::string(body.get("message"), "message")?.map(str::to_owned);
     if let Some(m) = &message {
-        if m.len() > MAX_MESSAGE_BYTES {
-            return Err(too_large("message", m.len(), MAX_MESSAGE_BYTES));
+        if m.len() > MAX_PROGRESS_MESSAGE_BYTES {
+            return Err(too_large("message", m.len(), MAX_PROGRESS_MESSAGE_BYTES));
         }
     }
     if value.is_none() && data.is_none() && message.is_none() {
@@ -128,20 +124,6 @@ pub fn apply(
     job.progress_updated_at = Some(now);
     next.transition = Transition::Progressed;
     Some(next)
-}
-
-/// A new attempt starts with no progress (spec §5.3).
-pub fn clear(job: &mut Job) {
-    job.progress = None;
-    job.progress_data = None;
-    job.progress_message = None;
-    job.progress_updated_at = None;
-}
-
-/// A completed job's progress is 1 (spec §8.1).
-pub fn complete(job: &mut Job, now: DateTime<Utc>) {
-    job.progress = Some(1.0);
-    job.progress_updated_at = Some(now);
 }
 
 /// What the throttle says of an update.
@@ -264,7 +246,7 @@ mod tests {
         assert_eq!(e.code, ErrorCode::InvalidRequest);
         let e = Update::from_put(&body(json!({"data": [1]}))).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidRequest);
-        let big = "x".repeat(MAX_DATA_BYTES);
+        let big = "x".repeat(MAX_PROGRESS_DATA_BYTES);
         let e = Update::from_put(&body(json!({"data": {"s": big}}))).unwrap_err();
         assert_eq!(e.code, ErrorCode::EnvelopeTooLarge);
         let e = Update::from_worker(&body(json!({"percentage": 5}))).unwrap_err();

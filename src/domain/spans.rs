@@ -10,10 +10,8 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::event::error_of;
-use super::job::{fnv1a, JobRecord, Transition};
+use super::job::{fnv1a, JobRecord, Step, Transition};
 use super::totals::Tally;
-use super::trail::Step;
 
 /// OTLP span kinds (`SPAN_KIND_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +82,7 @@ impl JobSpan {
         let start = step.at - chrono::Duration::milliseconds((seconds * 1000.0) as i64);
         // An attempt that ended without an ACK: a FAIL, a lapse, a hand-back.
         let error = matches!(step.transition, Transition::Failed | Transition::Requeued)
-            .then(|| error_of(job, step.attempt))
+            .then(|| job.error_at(step.attempt))
             .flatten()
             .map(|e| {
                 let kind = e.error_type.clone().unwrap_or_else(|| e.code.clone());

@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::job::{JobRecord, Transition};
+use super::job::{JobRecord, Step, Transition};
 use super::state::JobState;
-use super::trail::Step;
 
 /// Upper bounds (seconds) of the attempt-duration buckets, observability spec §8.2.
 pub const DURATION_BUCKETS: [f64; 15] = [

@@ -7,12 +7,8 @@
 //! (`event::step_events`), and the publisher derives them from the trail for exactly the
 //! writes it never saw (architecture §3.4).
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-
-use super::job::{JobRecord, Transition};
+use super::job::{JobRecord, Step, Transition};
 use super::state::JobState;
-use super::time;
 use super::worker::MAX_WORKER_ID_BYTES;
 
 /// Steps a record carries at most; beyond them the oldest are dropped (their events lost).
@@ -22,40 +18,7 @@ pub const MAX_TRAIL_STEPS: usize = 64;
 /// The most a full trail adds to a record, kept free below the record limit.
 pub const MAX_TRAIL_BYTES: usize = MAX_TRAIL_STEPS * (MAX_WORKER_ID_BYTES + 160);
 
-/// One write of a job record, as much of it as its events need beyond what every later
-/// record of the job still says (id, type, queue, creation, priority, errors by attempt).
-/// Short field names: a record carries several.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Step {
-    /// The write's revision in the jobs bucket, which also fixes its event ids.
-    #[serde(rename = "r")]
-    pub revision: u64,
-    #[serde(rename = "t")]
-    pub transition: Transition,
-    /// The job's state after the write.
-    #[serde(rename = "s")]
-    pub state: JobState,
-    /// When the transition happened: the time of its events.
-    #[serde(rename = "at", with = "time::millis")]
-    pub at: DateTime<Utc>,
-    #[serde(rename = "a")]
-    pub attempt: u32,
-    /// The worker that started the attempt (`started`) or beat (`heartbeat`).
-    #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
-    pub worker_id: Option<String>,
-    /// `visible_until` of a heartbeat, the next attempt's time of a retry.
-    #[serde(
-        rename = "u",
-        default,
-        with = "time::opt_millis",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub until: Option<DateTime<Utc>>,
-    /// The job's state before the write, for the queue statistics.
-    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<JobState>,
-}
-
+/// How a step is taken from a record, and whether a trail keeps it.
 impl Step {
     /// The step of the write that stored `rec` at `revision`.
     pub fn of(rec: &JobRecord, revision: u64) -> Step {
@@ -139,6 +102,7 @@ pub fn carry(before: &JobRecord, revision: u64, handled: u64) -> Vec<Step> {
 
 #[cfg(test)]
 mod tests {
+    use chrono::Utc;
     use serde_json::json;
 
     use super::*;

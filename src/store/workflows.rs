@@ -17,11 +17,11 @@ use super::timers::{Timer, TimerKind};
 use super::Store;
 use crate::domain::envelope::{parse_job_id, too_large};
 use crate::domain::error::{ErrorCode, OjsError};
-use crate::domain::job::JobRecord;
+use crate::domain::job::{JobRecord, Slot};
 use crate::domain::lifecycle;
 use crate::domain::time;
 use crate::domain::workflow::{
-    self, Advance, Effect, Plan, Request, Results, Seen, Slot, WorkflowRecord, WorkflowState,
+    self, Advance, Effect, Plan, Request, Results, Seen, WorkflowRecord, WorkflowState,
 };
 
 /// When a decision's effects happen relative to its write.

@@ -28,7 +28,7 @@ impl CronScheduler {
         loop {
             pulse.working();
             let now = Utc::now();
-            let entries = self.store.cron_entries();
+            let entries = self.store.cron().list();
             let due: Vec<_> = entries
                 .iter()
                 .filter(|e| e.enabled)
@@ -40,7 +40,7 @@ impl CronScheduler {
                 .collect();
             let fired = join_all(
                 due.iter()
-                    .map(|(name, tick)| self.store.fire_cron(name, *tick)),
+                    .map(|(name, tick)| self.store.leader().fire_cron(name, *tick)),
             )
             .await;
             for ((name, tick), outcome) in due.iter().zip(fired) {
@@ -59,7 +59,8 @@ impl CronScheduler {
             }
             let next = self
                 .store
-                .cron_entries()
+                .cron()
+                .list()
                 .iter()
                 .filter(|e| e.enabled)
                 .filter_map(|e| e.next_run_at)

@@ -1,7 +1,7 @@
 //! Leader service: fires cron ticks (cron spec §7). It sleeps until the earliest due entry,
 //! and looks again at least once a second so registrations made through other replicas are
 //! picked up (cron spec §7.3 asks for no more than that). Firing is idempotent
-//! (`Store::fire_cron`), so a tick interrupted by a leader's death is completed, once, by
+//! (`Leader::fire_cron`), so a tick interrupted by a leader's death is completed, once, by
 //! the next leader.
 
 use std::time::Duration;

@@ -1,8 +1,9 @@
 //! Cron registrations in the cron bucket (key = encoded name), mirrored in every replica for
-//! listing, and the firing of one tick by the coordinator leader: idempotent, so a tick
-//! repeated by a new leader after a crash still makes one job.
+//! listing. The leader fires their ticks (`leader/cron.rs`).
 
 use std::sync::Arc;
+
+use async_nats::jetstream::kv;
 
 use super::cas::{self, Cas, Replica};
 use super::error::backend;
@@ -21,7 +22,7 @@ pub struct Cron<'a> {
 
 /// What the cron entries resource owns.
 pub(super) struct Owned {
-    pub(super) kv: async_nats::jetstream::kv::Store,
+    pub(super) kv: kv::Store,
     /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
     pub(super) mirror: CronMirror,
 }

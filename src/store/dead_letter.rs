@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -19,8 +20,6 @@ use super::deadline::by_deadline;
 use super::error::{already_deleted, backend};
 use super::topology::decode_queue;
 use super::Store;
-use chrono::{DateTime, Utc};
-
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;

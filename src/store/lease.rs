@@ -15,7 +15,7 @@ pub struct Leases<'a> {
 
 /// What the leases resource owns.
 pub(super) struct Owned {
-    pub(super) kv: async_nats::jetstream::kv::Store,
+    pub(super) kv: kv::Store,
 }
 
 /// One named lease, as seen by one contender.

@@ -1,5 +1,8 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
-//! handle shared by the HTTP handlers and the coordinator.
+//! connection shared by the HTTP handlers and the coordinator; it hands out one handle per
+//! resource (`store.jobs()`, `store.cron()`, …), each owning that resource's buckets and
+//! streams, so a call names what it touches. `store.leader()` holds what only the leader
+//! services do.
 
 mod cas;
 pub mod connection;
@@ -61,7 +64,8 @@ pub use workflows::{WorkflowView, Workflows};
 /// memory is bounded by the request size limits instead.
 const MAX_ACKS_IN_FLIGHT: usize = 10_000_000;
 
-/// Handle to every stream and bucket ojs-jetstream uses.
+/// The connection to NATS (client, JetStream context, topology, settings) and the owner of
+/// every resource, which it hands out as handles.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -71,6 +75,7 @@ struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
     topology: Topology,
+    /// What each resource owns, lent to its handle.
     jobs: jobs::Owned,
     queues: queues::Owned,
     timers: timers::Owned,

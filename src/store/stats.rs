@@ -1,10 +1,12 @@
 //! Queue statistics in the stats bucket (docs/architecture.md §3.17): the leader counts the
-//! job writes it reads for events (`count_writes`), one compare-and-set per queue per batch
-//! plus the `counted` mark; a reader waits until the mark covers every job write stored
-//! when it asked, so the counts are exact for the client that just wrote (`queue_counts`).
+//! job writes it reads for events (`leader/counts.rs`), one compare-and-set per queue per
+//! batch plus the `counted` mark; a reader waits until the mark covers every job write
+//! stored when it asked, so the counts are exact for the client that just wrote
+//! (`queue_counts`).
 
 use std::time::Duration;
 
+use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -27,7 +29,7 @@ pub struct Stats<'a> {
 /// What the statistics resource owns.
 pub(super) struct Owned {
     /// Queue statistics.
-    pub(super) kv: async_nats::jetstream::kv::Store,
+    pub(super) kv: kv::Store,
 }
 
 /// Key of the mark: every job write up to it is counted.
@@ -89,7 +91,7 @@ impl Stats<'_> {
     }
 
     /// Every registered queue's counters, exact for what was written before the call (as
-    /// [`Store::queue_counts`]).
+    /// [`Stats::queue_counts`]).
     ///
     /// # Errors
     /// When NATS fails.

@@ -3,7 +3,8 @@
 //! later ones back to JetStream with a NAK delay, fires each when due and only then
 //! acknowledges it. A new leader starts the feed over and sees every timer that was not
 //! fired, so no timer is lost when a leader dies. Firing always re-reads the record and
-//! decides from it, so a spare, early or stale timer does nothing.
+//! decides from it, so a spare, early or stale timer does nothing. Here timers are stored;
+//! the leader reads and fires them (`leader/timers.rs`).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

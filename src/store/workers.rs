@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ use crate::domain::lifecycle;
 use crate::domain::requests::BeatRequest;
 use crate::domain::state::JobState;
 use crate::domain::time;
+
 pub use crate::domain::worker::WorkerState;
 
 /// The workers resource, as a caller holds it: the store and what the resource owns.
@@ -32,7 +34,7 @@ pub struct Workers<'a> {
 
 /// What the workers resource owns.
 pub(super) struct Owned {
-    pub(super) kv: async_nats::jetstream::kv::Store,
+    pub(super) kv: kv::Store,
     /// Every worker in brief, for listings and counts without a key listing.
     pub(super) mirror: WorkerMirror,
 }

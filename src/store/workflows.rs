@@ -1,11 +1,12 @@
 //! Workflows in JetStream (architecture §3.16): a record and a plan per workflow in the
 //! workflows bucket, every member job an ordinary job record. A creation writes the
 //! records, then the jobs, then marks the root ready; the leader moves workflows on from
-//! the job writes it reads for events (`advance_workflows`); a `workflow` timer repairs a
+//! the job writes it reads for events (`leader/workflows.rs`); a `workflow` timer repairs a
 //! creation or a cancel cut short.
 
 use std::time::Duration;
 
+use async_nats::jetstream::kv;
 use chrono::Utc;
 use futures::future::join_all;
 use serde_json::Value;
@@ -33,7 +34,7 @@ pub struct Workflows<'a> {
 /// What the workflows resource owns.
 pub(super) struct Owned {
     /// Workflow records and plans.
-    pub(super) kv: async_nats::jetstream::kv::Store,
+    pub(super) kv: kv::Store,
 }
 
 /// When a decision's effects happen relative to its write.

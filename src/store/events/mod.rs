@@ -240,7 +240,7 @@ pub enum FollowFrom {
     After(u64),
 }
 
-/// Events as they are stored, for one live stream (`Store::follow_events`): a consumer of
+/// Events as they are stored, for one live stream (`Events::follow`): a consumer of
 /// this stream alone, so a slow reader holds up nobody but itself.
 pub struct EventFeed {
     messages: pull::Stream,

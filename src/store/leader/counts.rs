@@ -1,12 +1,14 @@
 //! The event publisher's counting of job writes into the queue statistics.
 
+use std::collections::BTreeMap;
+
+use futures::future::try_join_all;
+
 use super::Leader;
 use crate::domain::error::OjsError;
 use crate::domain::stats::{Change, QueueCounts};
-use crate::store::cas::{self};
+use crate::store::cas;
 use crate::store::stats::{counts_key, Counted, COUNTED};
-use futures::future::try_join_all;
-use std::collections::BTreeMap;
 
 impl Leader<'_> {
     /// Leader: counts one batch of job writes, `changes` by queue, then marks every write

@@ -1,6 +1,11 @@
 //! The cron scheduler's firing of one tick: idempotent, so a tick repeated by a new leader
 //! after a crash still makes one job.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
 use super::Leader;
 use crate::domain::cron::{tick_job_id, CronEntry, OverlapPolicy};
 use crate::domain::envelope;
@@ -9,9 +14,6 @@ use crate::domain::event::Event;
 use crate::domain::job::stable_uuid;
 use crate::store::cas::Replica;
 use crate::store::topology::encode_queue;
-use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
-use std::time::Duration;
 
 /// What firing a tick did.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,15 +1,17 @@
 //! The leader's upkeep of bounded queues' depth tokens: deleting those of jobs that left
 //! their queue, and sweeping those no job holds.
 
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
+use chrono::Utc;
+use futures::future::join_all;
+use tracing::warn;
+
 use super::Leader;
 use crate::domain::backpressure::Bound;
 use crate::domain::error::OjsError;
 use crate::store::error::{already_deleted, backend};
-use async_nats::jetstream::stream::DeleteMessageErrorKind;
-use chrono::Utc;
-use futures::future::join_all;
-use std::time::{Duration, Instant};
-use tracing::warn;
 
 impl Leader<'_> {
     /// Deletes the tokens `(queue, sequence)`, concurrently; one deleted already (by the

@@ -1,5 +1,11 @@
-//! The event publisher's reading of the jobs bucket's writes, from where the last leadership
-//! left off.
+//! The event publisher's reading of the jobs bucket's writes, from where the last
+//! leadership left off, and its announcement of how far it handled them
+//! (`events/handled.rs`).
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use futures::StreamExt;
+use tracing::warn;
 
 use super::Leader;
 use crate::domain::error::OjsError;
@@ -9,10 +15,6 @@ use crate::store::error::backend;
 use crate::store::events::BATCH;
 use crate::store::jobs::records::{REMOVED_QUEUE, REMOVED_STATE};
 use crate::store::topology::Topology;
-use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::context::ConsumerInfoErrorKind;
-use futures::StreamExt;
-use tracing::warn;
 
 /// The feed of job-record writes, in bucket order, for the event publisher. Each write is
 /// acknowledged only after its events are stored, so none is skipped across a crash.
@@ -80,7 +82,7 @@ pub struct JobWrite {
     pub record: Option<JobRecord>,
     /// A put whose value is no job record (written by something else, or by a newer build).
     pub unreadable: bool,
-    /// For a removal marker of `Store::remove_record`: the queue and state of the record it
+    /// For a removal marker of `Jobs::remove_record`: the queue and state of the record it
     /// removed.
     pub removed: Option<(String, JobState)>,
     pub revision: u64,

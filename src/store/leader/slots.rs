@@ -1,13 +1,15 @@
 //! The slot sweeper's upkeep of concurrency slots: freeing those no active job holds.
 
+use std::time::Duration;
+
+use chrono::Utc;
+
 use super::Leader;
 use crate::domain::error::OjsError;
-use crate::domain::rate_limit::{self};
+use crate::domain::rate_limit;
 use crate::domain::requests::MAX_FETCH_WAIT_MS;
 use crate::store::cas::Replica;
 use crate::store::queues::rate_limit::Slot;
-use chrono::Utc;
-use std::time::Duration;
 
 impl Leader<'_> {
     /// Every queue with a concurrency limit, as this replica knows them.

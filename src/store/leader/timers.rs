@@ -1,6 +1,16 @@
-//! The timer scheduler's side of the timers stream: reading it in due order, firing what is due
-//! (promotions, retries, expiries, deadlines, batch, workflow and worker timers) and arming
-//! the deadlines of jobs the event publisher sees start.
+//! The timer scheduler's side of the timers stream: reading it in due order, firing what is
+//! due (promotions, retries, expiries, deadlines, batch, workflow and worker timers) and
+//! arming the deadlines of jobs the event publisher sees start.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::AckKind;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use tracing::warn;
 
 use super::Leader;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -10,14 +20,6 @@ use crate::store::cas::{self, Replica};
 use crate::store::error::{backend, consumer_missing, nats_failed};
 use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
 use crate::store::timers::{Timer, TimerKind};
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
-use async_nats::jetstream::AckKind;
-use bytes::Bytes;
-use chrono::{DateTime, Utc};
-use futures::StreamExt;
-use std::sync::Mutex;
-use std::time::Duration;
-use tracing::warn;
 
 /// The scheduler consumer's bound on unacknowledged timers; `max_pending_timers` stays
 /// below it (`config::MAX_PENDING_TIMERS_LIMIT`).

@@ -1,7 +1,8 @@
 //! The event publisher's release of the unique locks of jobs that ended.
 
-use super::Leader;
 use futures::StreamExt;
+
+use super::Leader;
 
 /// Locks the leader releases side by side (a batch of writes may end many unique jobs).
 const RELEASES_AT_ONCE: usize = 64;

@@ -1,11 +1,12 @@
 //! The leader's advancing of workflows: the job outcomes the event publisher sees, and the
 //! workflow timers, decide each workflow's next steps.
 
+use std::collections::HashMap;
+
 use super::Leader;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::workflow::{self, Seen, Slot, WorkflowRecord, WorkflowState};
 use crate::store::cas::{self, Replica};
-use std::collections::HashMap;
 
 impl Leader<'_> {
     /// The workflow timer fired (leader): a root never marked ready was abandoned by its

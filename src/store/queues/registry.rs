@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, PullConsumer};
 use async_nats::jetstream::{self, kv};
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::warn;

@@ -70,7 +70,7 @@ pub async fn run(
     let shutdown = async move {
         shutdown.await;
         // Before the server waits for in-flight requests: long polls would hold it up to 10 s.
-        store.stop_waiting();
+        store.jobs().stop_waiting();
     };
     serve(listener, state, keys, shutdown).await?;
 

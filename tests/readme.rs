@@ -66,7 +66,12 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
                 missing.push(format!("{name}/"));
             }
             for file in std::fs::read_dir(&path).unwrap() {
-                let file = file.unwrap().file_name().to_string_lossy().into_owned();
+                let file = file.unwrap().path();
+                // A folder within may list its files too (`store/jobs/`).
+                if file.is_dir() {
+                    files.extend(names_in(&file));
+                }
+                let file = file.file_name().unwrap().to_string_lossy().into_owned();
                 files.insert(file.clone());
                 if file != "mod.rs" && !listed.contains(&file) {
                     missing.push(format!("{name}/{file}"));
@@ -88,6 +93,14 @@ fn lists_every_source_file_and_nothing_else(root: &str) {
         .filter(|w| w.ends_with(".rs") && !files.contains(*w))
         .collect();
     assert!(stale.is_empty(), "listed but not in {root}/: {stale:?}");
+}
+
+/// The names of the files directly in `dir`.
+fn names_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
 }
 
 /// The texts between backticks in a table cell.

@@ -1,7 +1,7 @@
 //! Leader service: fires cron ticks (cron spec §7). It sleeps until the earliest due entry,
 //! and looks again at least once a second so registrations made through other replicas are
 //! picked up (cron spec §7.3 asks for no more than that). Firing is idempotent
-//! (`Store::fire_cron`), so a tick interrupted by a leader's death is completed, once, by
+//! (`Leader::fire_cron`), so a tick interrupted by a leader's death is completed, once, by
 //! the next leader.
 
 use std::time::Duration;
@@ -28,7 +28,7 @@ impl CronScheduler {
         loop {
             pulse.working();
             let now = Utc::now();
-            let entries = self.store.cron_entries();
+            let entries = self.store.cron().list();
             let due: Vec<_> = entries
                 .iter()
                 .filter(|e| e.enabled)
@@ -40,7 +40,7 @@ impl CronScheduler {
                 .collect();
             let fired = join_all(
                 due.iter()
-                    .map(|(name, tick)| self.store.fire_cron(name, *tick)),
+                    .map(|(name, tick)| self.store.leader().fire_cron(name, *tick)),
             )
             .await;
             for ((name, tick), outcome) in due.iter().zip(fired) {
@@ -59,7 +59,8 @@ impl CronScheduler {
             }
             let next = self
                 .store
-                .cron_entries()
+                .cron()
+                .list()
                 .iter()
                 .filter(|e| e.enabled)
                 .filter_map(|e| e.next_run_at)

@@ -63,7 +63,7 @@ impl EventPublisher {
         let mut unseen = UnseenWrites::default();
         while !cancel.is_cancelled() {
             pulse.working();
-            let mut writes = match self.store.job_writes(self.term).await {
+            let mut writes = match self.store.leader().job_writes(self.term).await {
                 Ok(w) => w,
                 Err(err) => {
                     warn!(error = %err, "event publisher cannot open the job-write feed");
@@ -75,7 +75,7 @@ impl EventPublisher {
             };
             unseen.begins_after(writes.starts_after);
             // Writes before the feed were counted by earlier leaderships, or never will be.
-            if let Err(err) = self.store.mark_counted(writes.starts_after).await {
+            if let Err(err) = self.store.leader().mark_counted(writes.starts_after).await {
                 warn!(error = %err, "could not mark the writes before the feed counted");
             }
             let mut watch = DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout());
@@ -113,7 +113,7 @@ impl EventPublisher {
                 let mut armed = true;
                 if !due.is_empty() {
                     pulse.working();
-                    match self.store.arm_deadlines(&due).await {
+                    match self.store.leader().arm_deadlines(&due).await {
                         Ok(()) => due.iter().for_each(|t| watch.armed(t)),
                         Err(err) => {
                             armed = false;
@@ -136,7 +136,7 @@ impl EventPublisher {
                 }
                 if let Some(w) = through {
                     w.done_through().await;
-                    self.store.announce_handled(w.revision).await;
+                    self.store.leader().announce_handled(w.revision).await;
                 }
                 if armed {
                     pulse.idle();
@@ -155,7 +155,7 @@ impl EventPublisher {
         unseen: &mut UnseenWrites,
         cancel: &CancellationToken,
     ) -> bool {
-        let source = self.store.event_source();
+        let source = self.store.events().source();
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
         let mut counted: BTreeMap<String, Vec<Change>> = BTreeMap::new();
@@ -250,7 +250,7 @@ impl EventPublisher {
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
         }
-        while let Err(err) = self.store.publish_events(&events).await {
+        while let Err(err) = self.store.events().publish(&events).await {
             warn!(error = %err, "publishing events failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
@@ -264,7 +264,7 @@ impl EventPublisher {
             exporter.export(spans);
         }
         // Workflows move on after the events of the writes that moved them.
-        while let Err(err) = self.store.advance_workflows(&workflows).await {
+        while let Err(err) = self.store.leader().advance_workflows(&workflows).await {
             warn!(error = %err, "moving workflows on failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
@@ -272,7 +272,7 @@ impl EventPublisher {
             }
         }
         // The index of finished jobs (architecture §3.26), before the batch is acknowledged.
-        while let Err(err) = self.store.index_jobs(&indexed).await {
+        while let Err(err) = self.store.leader().index_jobs(&indexed).await {
             warn!(error = %err, "indexing jobs failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
@@ -281,7 +281,12 @@ impl EventPublisher {
         }
         // Places in bounded queues of the jobs that finished (architecture §3.27): before the
         // batch is acknowledged, so a crash repeats them and none is left taken.
-        while let Err(err) = self.store.delete_depth_tokens(freed.iter().copied()).await {
+        while let Err(err) = self
+            .store
+            .leader()
+            .delete_depth_tokens(freed.iter().copied())
+            .await
+        {
             warn!(error = %err, "freeing places in bounded queues failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
@@ -290,7 +295,7 @@ impl EventPublisher {
         }
         // The queue statistics, once the batch's events and workflows are done.
         let through = batch.last().map_or(0, |w| w.revision);
-        while let Err(err) = self.store.count_writes(&counted, through).await {
+        while let Err(err) = self.store.leader().count_writes(&counted, through).await {
             warn!(error = %err, "counting job writes failed; retrying");
             tokio::select! {
                 _ = cancel.cancelled() => return false,
@@ -298,7 +303,7 @@ impl EventPublisher {
             }
         }
         // Best effort: a lock left behind is taken over by the next enqueue of its key.
-        self.store.release_unique_locks(&released).await;
+        self.store.leader().release_unique_locks(&released).await;
         true
     }
 

@@ -81,7 +81,7 @@ impl Coordinator {
     /// the lease with a dead or stuck service would stop timers, events and cron for the
     /// whole cluster.
     pub async fn run(self, cancel: CancellationToken) {
-        let mut lease = self.store.lease(LEASE, &self.instance);
+        let mut lease = self.store.leases().contender(LEASE, &self.instance);
         let mut leading: Option<Leadership> = None;
         let mut resting_until: Option<Instant> = None;
         let mut tick = tokio::time::interval(self.lease_ttl / 3);

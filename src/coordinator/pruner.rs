@@ -71,9 +71,9 @@ impl Pruner {
     async fn round(&self, cursor: &mut Option<u64>) -> Result<Duration, OjsError> {
         let from = match *cursor {
             Some(next) => next,
-            None => self.store.pruner_cursor().await?,
+            None => self.store.leader().pruner_cursor().await?,
         };
-        let readable = self.store.prunable_sequences(self.term).await?;
+        let readable = self.store.leader().prunable_sequences(self.term).await?;
         // Sequences start at 1; an empty stream reports 0 as its first.
         let from = from.max(*readable.start()).max(1);
         if from > *readable.end() {
@@ -85,7 +85,7 @@ impl Pruner {
         let mut next = through + 1;
         let mut pause = Duration::ZERO;
         let mut finished = Vec::new();
-        for write in self.store.stored_writes(from..=through).await? {
+        for write in self.store.leader().stored_writes(from..=through).await? {
             let due = write.written_at + self.max_age;
             if due > now {
                 next = write.sequence;
@@ -98,12 +98,12 @@ impl Pruner {
         }
         let prunes = finished
             .iter()
-            .map(|w| self.store.prune_job(&w.job_id, w.sequence));
+            .map(|w| self.store.leader().prune_job(&w.job_id, w.sequence));
         for pruned in join_all(prunes).await {
             pruned?;
         }
         if next > from {
-            self.store.save_pruner_cursor(next).await?;
+            self.store.leader().save_pruner_cursor(next).await?;
         }
         *cursor = Some(next);
         Ok(pause)
@@ -117,7 +117,7 @@ impl Pruner {
                 Aged::Prune => true,
                 Aged::Keep => false,
                 Aged::PruneUnlessInDeadLetter(entry) => {
-                    !self.store.dead_letter_entry_exists(entry).await?
+                    !self.store.dead_letter().entry_exists(entry).await?
                 }
             },
         })

@@ -43,7 +43,7 @@ impl QueueBounds {
 
     /// Works (`pulse`) through each round.
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        let grace = self.store.token_grace();
+        let grace = self.store.leader().token_grace();
         let mut watched: HashMap<String, Watched> = HashMap::new();
         loop {
             tokio::select! {
@@ -54,12 +54,12 @@ impl QueueBounds {
                 _ = tokio::time::sleep(EVERY) => {}
             }
             pulse.working();
-            let bounded = self.store.bounded_queues();
+            let bounded = self.store.leader().bounded_queues();
             watched.retain(|queue, _| bounded.iter().any(|(q, _)| q == queue));
             let mut pressures = Vec::with_capacity(bounded.len());
             for (queue, bound) in bounded {
                 let seen = watched.entry(queue.clone()).or_default();
-                match self.store.depth_now(&queue).await {
+                match self.store.leader().depth_now(&queue).await {
                     Ok(depth) => {
                         pressures.push((queue.clone(), bound.pressure(depth)));
                         if let Some(warns) = bound.crossing(seen.warned, depth) {
@@ -73,9 +73,9 @@ impl QueueBounds {
                                 bound.event_data(&queue, depth, None),
                                 uuid::Uuid::now_v7(),
                                 Utc::now(),
-                                self.store.event_source(),
+                                self.store.events().source(),
                             );
-                            match self.store.publish_events(&[event]).await {
+                            match self.store.events().publish(&[event]).await {
                                 Ok(()) => seen.warned = warns,
                                 Err(err) => {
                                     warn!(queue, error = %err, "could not announce a queue's pressure")
@@ -89,6 +89,7 @@ impl QueueBounds {
                 }
                 match self
                     .store
+                    .leader()
                     .sweep_depth_tokens(&queue, seen.sweep_from, grace, SWEEP_MAX)
                     .await
                 {

@@ -24,15 +24,15 @@ impl SlotSweeper {
 
     /// Works (`pulse`) through each round.
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        let grace = self.store.slot_grace();
+        let grace = self.store.leader().slot_grace();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(EVERY) => {}
             }
             pulse.working();
-            for queue in self.store.concurrency_limited_queues() {
-                match self.store.sweep_slots(&queue, grace).await {
+            for queue in self.store.leader().concurrency_limited_queues() {
+                match self.store.leader().sweep_slots(&queue, grace).await {
                     Ok(0) => {}
                     Ok(freed) => info!(queue, freed, "freed running places whose jobs had ended"),
                     Err(err) => {

@@ -116,7 +116,7 @@ impl TimerScheduler {
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         while !cancel.is_cancelled() {
             pulse.working();
-            let mut feed = match self.store.timer_feed().await {
+            let mut feed = match self.store.leader().timer_feed().await {
                 Ok(feed) => feed,
                 Err(err) => {
                     warn!(error = %err, "scheduler cannot open the timer feed");
@@ -126,7 +126,7 @@ impl TimerScheduler {
                     }
                 }
             };
-            let horizon = self.store.timer_horizon_ms();
+            let horizon = self.store.leader().timer_horizon_ms();
             let mut held = Held::default();
             let permits = Arc::new(Semaphore::new(CONCURRENCY));
             let read_permits = Arc::new(Semaphore::new(READ_AHEAD_CONCURRENCY));
@@ -204,7 +204,7 @@ impl TimerScheduler {
                             let permit = permits.clone().acquire_owned().await.expect("semaphore open");
                             pulse.idle();
                             tokio::spawn(async move {
-                                match store.fire(&timer, ahead).await {
+                                match store.leader().fire_timer(&timer, ahead).await {
                                     Ok(_) => {
                                         store.failpoint("scheduler.timer_fired").await;
                                         let _ = ack.send((Instant::now(), timer));
@@ -240,7 +240,7 @@ impl TimerScheduler {
             while let Some((at, timer)) = fired.recv().await {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep_until(at + ACK_DELAY) => store.timer_done(timer).await,
+                    _ = tokio::time::sleep_until(at + ACK_DELAY) => store.leader().timer_done(timer).await,
                 }
             }
         });
@@ -259,7 +259,7 @@ impl TimerScheduler {
         let store = self.store.clone();
         tokio::spawn(async move {
             let _permit = permits.acquire_owned().await.expect("semaphore open");
-            let _ = back.send((sequence, store.read_ahead(&timer).await));
+            let _ = back.send((sequence, store.leader().read_ahead(&timer).await));
         });
     }
 
@@ -275,7 +275,7 @@ impl TimerScheduler {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            match store.hand_back(&timer, delay).await {
+            match store.leader().hand_back(&timer, delay).await {
                 Ok(()) => metrics.timer_handed_back(),
                 Err(err) => {
                     warn!(job_id = %timer.timer.id, error = %err, "handing a timer back failed; holding it");

@@ -1,7 +1,7 @@
 //! A batch PUSH is all or none, also across a crash (architecture §4 PUSH): its records are
 //! written under a mark that decides whether they count, and only a committed batch gets
 //! the messages that let workers have its jobs. The decisions here; the NATS calls in
-//! `store/batches.rs`.
+//! `store/jobs/batches.rs`.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,6 @@
 //! Bulk CANCEL, RETRY and DELETE by job id (bulk-operations spec §6–§9): what a request may
-//! ask for and the shape of the answer. Pure: `store/bulk.rs` runs the operation on each id.
+//! ask for and the shape of the answer. Pure: `store/jobs/bulk.rs` runs the operation on
+//! each id.
 
 use std::collections::HashMap;
 

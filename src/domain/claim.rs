@@ -1,6 +1,6 @@
 //! What one delivered queue message does to its job (architecture §3.1–§3.2): the whole
-//! decision of a claim, as `lifecycle.rs` decides each transition. `store/fetch.rs` only
-//! reads the record, writes what this returns and settles the message.
+//! decision of a claim, as `lifecycle.rs` decides each transition. `store/jobs/fetch.rs`
+//! only reads the record, writes what this returns and settles the message.
 
 use std::time::Duration;
 

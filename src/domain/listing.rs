@@ -1,6 +1,6 @@
 //! Listing jobs for operators (admin spec §7.1, §11.1): what a listing may ask for, where
 //! each state's jobs are listed from, the cursor that continues a page, and the summary a
-//! listed job shows. Pure: `store/listing.rs` walks the streams (architecture §3.26).
+//! listed job shows. Pure: `store/jobs/listing.rs` walks the streams (architecture §3.26).
 
 use std::collections::HashMap;
 

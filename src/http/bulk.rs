@@ -29,7 +29,7 @@ async fn run(
     op: BulkOp,
 ) -> Result<Response, ApiError> {
     let ids = bulk::job_ids(&body)?;
-    let outcomes = state.store.bulk(op, &ids).await;
+    let outcomes = state.store.jobs().bulk(op, &ids).await;
     let (status, answer) = bulk::answer(op, &ids, &outcomes);
     let status = StatusCode::from_u16(status).expect("bulk statuses are valid");
     Ok(respond(status, &answer))

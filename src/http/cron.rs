@@ -23,7 +23,7 @@ pub async fn register(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let entry = CronEntry::parse(&body, Utc::now())?;
-    let (entry, created) = state.store.register_cron(entry).await?;
+    let (entry, created) = state.store.cron().register(entry).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -44,7 +44,7 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let (limit, offset) = paging(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let entries = state.store.cron_entries();
+    let entries = state.store.cron().list();
     let page: Vec<Value> = entries
         .iter()
         .skip(offset)
@@ -66,7 +66,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = describe(&state.store.cron_entry(entry_name(&name)?).await?);
+    let entry = describe(&state.store.cron().get(entry_name(&name)?).await?);
     Ok(respond(
         StatusCode::OK,
         &json!({ "cron": entry, "cron_job": entry }),
@@ -77,7 +77,7 @@ pub async fn delete(
     State(state): State<SharedState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let entry = describe(&state.store.delete_cron(entry_name(&name)?).await?);
+    let entry = describe(&state.store.cron().delete(entry_name(&name)?).await?);
     Ok(respond(
         StatusCode::OK,
         &json!({ "cron": entry, "cron_job": entry, "deleted": true, "name": name }),

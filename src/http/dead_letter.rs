@@ -29,7 +29,7 @@ pub async fn list(
     if let Some(q) = queue {
         validate_queue(q)?;
     }
-    let page = state.store.dead_letters(queue, limit, offset).await?;
+    let page = state.store.dead_letter().list(queue, limit, offset).await?;
     // Positions, not jobs: a stale entry takes one and shows nothing.
     let has_more = offset.saturating_add(limit) < page.total as usize;
     Ok(respond(
@@ -45,7 +45,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.dead_letter(&job_id(&id)?).await?;
+    let job = state.store.dead_letter().get(&job_id(&id)?).await?;
     Ok(respond(StatusCode::OK, &json!({ "job": job })))
 }
 
@@ -53,7 +53,11 @@ pub async fn retry(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.retry_dead_letter(&job_id(&id)?).await?;
+    let job = state
+        .store
+        .dead_letter()
+        .retry_dead_letter(&job_id(&id)?)
+        .await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["re_enqueued_at"] = body["enqueued_at"].clone();
     Ok(respond(StatusCode::OK, &json!({ "job": body })))
@@ -64,7 +68,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = job_id(&id)?;
-    state.store.delete_dead_letter(&id).await?;
+    state.store.dead_letter().delete(&id).await?;
     Ok(respond(
         StatusCode::OK,
         &json!({ "deleted": true, "job_id": id }),
@@ -74,7 +78,7 @@ pub async fn delete(
 /// `GET /dead-letter/stats` (dead-letter spec §10.1): entries in all and by queue, the
 /// oldest and newest, and the retention in force.
 pub async fn stats(State(state): State<SharedState>) -> Result<Response, ApiError> {
-    let stats = state.store.dead_letter_stats().await?;
+    let stats = state.store.dead_letter().stats().await?;
     let at = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(crate::domain::time::format);
     Ok(respond(
         StatusCode::OK,

@@ -58,7 +58,7 @@ pub async fn list(
         after,
         limit,
     };
-    let page = state.store.query_events(&query).await?;
+    let page = state.store.events().query(&query).await?;
     Ok(respond(
         StatusCode::OK,
         &json!({

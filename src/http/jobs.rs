@@ -148,7 +148,7 @@ async fn push(
         .get(BLOCK_TIMEOUT)
         .map(|v| v.to_str().unwrap_or("(not text)"));
     let block = backpressure::block_timeout(raw)?;
-    match state.store.enqueue(jobs, block).await {
+    match state.store.jobs().enqueue(jobs, block).await {
         Err(err) if err.code == ErrorCode::QueueFull => {
             if let Some(queue) = err.details.get("queue").and_then(Value::as_str) {
                 state.metrics.backpressure_rejected(queue);
@@ -167,7 +167,7 @@ async fn add_pressure<'a>(
     response: &mut Response,
 ) {
     for queue in queues {
-        let Ok(Some(p)) = state.store.pressure(queue).await else {
+        let Ok(Some(p)) = state.store.queues().pressure(queue).await else {
             continue;
         };
         if p.bound.warns(p.depth) {
@@ -192,7 +192,7 @@ pub async fn info(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.info(&job_id(&id)?).await?;
+    let job = state.store.jobs().info(&job_id(&id)?).await?;
     let job = serde_json::to_value(&job).expect("jobs serialize");
     Ok(respond(StatusCode::OK, &bare_too(job)))
 }
@@ -201,7 +201,7 @@ pub async fn cancel(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let settled = state.store.cancel(&job_id(&id)?).await?;
+    let settled = state.store.jobs().cancel(&job_id(&id)?).await?;
     let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
     job["previous_state"] = json!(settled.before.job.state);
     Ok(respond(StatusCode::OK, &bare_too(job)))
@@ -218,7 +218,7 @@ pub async fn activate(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.activate(&job_id(&id)?).await?;
+    let job = state.store.jobs().activate(&job_id(&id)?).await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["previous_state"] = json!("pending");
     Ok(respond(StatusCode::OK, &json!({ "job": body })))

@@ -38,7 +38,7 @@ pub async fn post(
 /// 200 for every report the job exists for: written, ignored because the job is not
 /// active (the spec's fire-and-forget), or throttled into the next write.
 async fn report(state: &SharedState, id: &str, update: Update) -> Result<Response, ApiError> {
-    let body = match state.store.report_progress(id, update).await? {
+    let body = match state.store.jobs().report_progress(id, update).await? {
         Reported::Written(job) => view(&job, json!({"ignored": false, "throttled": false})),
         Reported::Ignored(job) => view(&job, json!({"ignored": true, "throttled": false})),
         Reported::Throttled => json!({"job_id": id, "ignored": false, "throttled": true}),
@@ -51,7 +51,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.info(&job_id(&id)?).await?;
+    let job = state.store.jobs().info(&job_id(&id)?).await?;
     let mut response = respond(StatusCode::OK, &view(&job, json!({})));
     let headers = response.headers_mut();
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

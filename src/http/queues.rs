@@ -31,7 +31,7 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let (limit, offset) = paging(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let all = state.store.queues();
+    let all = state.store.queues().list();
     let total = all.len();
     let page: Vec<Value> = all
         .iter()
@@ -62,7 +62,7 @@ pub async fn stats(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let stats = state.store.queue_stats(&name).await?;
+    let stats = state.store.queues().stats(&name).await?;
     let paused = stats.meta.as_ref().is_some_and(|m| m.paused);
     let mut counts = serde_json::Map::new();
     for s in JobState::ALL {
@@ -74,7 +74,7 @@ pub async fn stats(
         json!(stats.counts.throughput(stats.computed_at)),
     );
     let mut queue = counts.clone();
-    if let Some(p) = state.store.pressure(&name).await? {
+    if let Some(p) = state.store.queues().pressure(&name).await? {
         queue.insert("backpressure".into(), backpressure_json(&p));
     }
     queue.insert("name".into(), json!(name));
@@ -106,7 +106,7 @@ pub async fn resume(
 
 async fn set_paused(state: SharedState, name: String, paused: bool) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let meta = state.store.pause_queue(&name, paused).await?;
+    let meta = state.store.queues().pause(&name, paused).await?;
     let mut queue = json!({
         "name": meta.name,
         "paused": meta.paused,

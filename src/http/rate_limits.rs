@@ -18,8 +18,8 @@ use crate::store::LimitUsage;
 /// `GET /rate-limits`: every limited queue, as `GET /rate-limits/{key}` shows it.
 pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
     let mut items = Vec::new();
-    for queue in state.store.limited_queues() {
-        if let Some(usage) = state.store.limit_usage(&queue).await? {
+    for queue in state.store.queues().limited_queues() {
+        if let Some(usage) = state.store.queues().limit_usage(&queue).await? {
             items.push(item(&state, &queue, usage).await?);
         }
     }
@@ -40,6 +40,7 @@ pub async fn get(
     validate_queue(&key)?;
     let usage = state
         .store
+        .queues()
         .limit_usage(&key)
         .await?
         .ok_or_else(|| OjsError::not_found("rate limit", &key))?;
@@ -49,6 +50,7 @@ pub async fn get(
 async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Value, OjsError> {
     let waiting = state
         .store
+        .stats()
         .queue_counts(queue)
         .await?
         .map_or(0, |c| c.states.of(JobState::Available));

@@ -152,7 +152,7 @@ pub async fn job(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = job_id(&id)?;
-    let job = state.store.info(&id).await?;
+    let job = state.store.jobs().info(&id).await?;
     let filter = Filter::from_query(Channel::Job(id), &params)?;
     if job.state.is_terminal() {
         let now = json!({
@@ -177,7 +177,7 @@ pub async fn queue(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    if !state.store.queues().iter().any(|q| q.name == name) {
+    if !state.store.queues().list().iter().any(|q| q.name == name) {
         return Err(OjsError::not_found("queue", &name).into());
     }
     let filter = Filter::from_query(Channel::Queue(name), &params)?;
@@ -204,7 +204,8 @@ async fn open(
     let from = last.map_or(FollowFrom::Now, FollowFrom::After);
     let mut feed = state
         .store
-        .follow_events(from, filter.only_stored_type())
+        .events()
+        .follow(from, filter.only_stored_type())
         .await?;
     let stop = state.store.shutting_down();
     let (tx, rx) = mpsc::channel::<SseEvent>(WAITING);

@@ -16,7 +16,7 @@ use tracing::warn;
 pub async fn health(State(state): State<SharedState>) -> Response {
     let uptime = state.started.elapsed().as_secs();
     // From the queue registry's in-memory copy: free to read on every probe.
-    let queues = state.store.queues();
+    let queues = state.store.queues().list();
     let paused = queues.iter().filter(|q| q.paused).count();
     let stalled = state.stalls.last();
     let mut coordinator = json!({"leader": state.metrics.leading()});
@@ -110,7 +110,7 @@ pub async fn manifest() -> Response {
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     state.metrics.set_pullers_open(state.store.pullers_open());
     let jobs = if state.metrics.leading() {
-        match state.store.cluster_totals().await {
+        match state.store.stats().cluster_totals().await {
             Ok(totals) => job_metrics::families(&totals),
             Err(err) => {
                 warn!(error = %err, "job metrics left out of a scrape: NATS did not answer");

@@ -31,9 +31,9 @@ pub async fn fetch(
     let _gone_when_dropped = gone.clone().drop_guard();
     let store = state.store.clone();
     let task = deadline::within(deadline, async move {
-        let jobs = store.fetch(&req, &gone).await?;
+        let jobs = store.jobs().fetch(&req, &gone).await?;
         if gone.is_cancelled() && !jobs.is_empty() {
-            store.hand_back_unsent(&jobs).await;
+            store.jobs().hand_back_unsent(&jobs).await;
         }
         Ok::<_, OjsError>(jobs)
     });
@@ -50,6 +50,7 @@ pub async fn ack(
     let req = requests::ack(&body)?;
     let settled = state
         .store
+        .jobs()
         .ack(&req.job_id, req.worker_id.as_deref(), req.result)
         .await?;
     let job = settled.after.job;
@@ -75,6 +76,7 @@ pub async fn fail(
     let req = requests::fail(&body)?;
     let settled = state
         .store
+        .jobs()
         .fail(
             &req.job_id,
             req.worker_id.as_deref(),
@@ -114,6 +116,7 @@ pub async fn heartbeat(
     let beat = requests::heartbeat(&body, &state.config.request_limits())?;
     let reply = state
         .store
+        .workers()
         .heartbeat(&beat, state.config.allow_reset)
         .await?;
     let directive = if reply.state == WorkerState::Running {

@@ -21,7 +21,7 @@ pub async fn create(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let request = workflow::parse(Value::Object(body))?;
-    let view = state.store.create_workflow(&request).await?;
+    let view = state.store.workflows().create(&request).await?;
     let location = format!("/ojs/v1/workflows/{}", view.record.id);
     let mut response = respond(StatusCode::CREATED, &answer(describe(&view)));
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -34,7 +34,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let view = state.store.workflow(&id).await?;
+    let view = state.store.workflows().get(&id).await?;
     Ok(respond(StatusCode::OK, &answer(describe(&view))))
 }
 
@@ -42,7 +42,7 @@ pub async fn cancel(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (view, cancelled) = state.store.cancel_workflow(&id).await?;
+    let (view, cancelled) = state.store.workflows().cancel(&id).await?;
     let mut described = describe(&view);
     let rec = &view.record;
     described.insert(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::DirectGetErrorKind;
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -19,11 +20,22 @@ use super::deadline::by_deadline;
 use super::error::{already_deleted, backend};
 use super::topology::decode_queue;
 use super::Store;
-use chrono::{DateTime, Utc};
-
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;
+
+/// The dead-letter resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct DeadLetter<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the dead-letter resource owns.
+pub(super) struct Owned {
+    /// The dead-letter stream, for listings.
+    pub(super) stream: async_nats::jetstream::stream::Stream,
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Entry {
@@ -51,17 +63,19 @@ pub struct DeadLetterStats {
     pub max_count: i64,
 }
 
-impl Store {
+impl DeadLetter<'_> {
     /// Publishes the dead-letter entry of a job about to be discarded into the DLQ and
     /// returns its stream sequence, which the discard write stores in the record.
-    pub(super) async fn add_dead_letter(&self, rec: &JobRecord) -> Result<u64, OjsError> {
+    pub(super) async fn add(self, rec: &JobRecord) -> Result<u64, OjsError> {
         let body = serde_json::to_vec(&Entry {
             id: rec.job.id.clone(),
         })
         .expect("entries serialize");
         let sent = self
+            .store
             .send(
-                self.inner
+                self.store
+                    .inner
                     .topology
                     .dead_letter_subject(&rec.job.queue)
                     .into(),
@@ -69,7 +83,7 @@ impl Store {
                 "adding a dead-letter entry",
             )
             .await?;
-        Ok(self.stored(sent).await?.sequence)
+        Ok(self.store.stored(sent).await?.sequence)
     }
 
     /// Lists dead-lettered jobs newest first, optionally of one queue: the entries at
@@ -81,15 +95,16 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn dead_letters(
-        &self,
+    pub async fn list(
+        self,
         queue: Option<&str>,
         limit: usize,
         offset: usize,
     ) -> Result<DeadLetterPage, OjsError> {
-        let t = &self.inner.topology;
+        let t = &self.store.inner.topology;
         let subject = queue.map(|q| t.dead_letter_subject(q));
         let entries = self
+            .store
             .read_stream_from(&t.dead_letter_stream(), subject.as_deref(), 1, usize::MAX)
             .await?;
         let page: Vec<(u64, Entry)> = entries
@@ -101,7 +116,7 @@ impl Store {
             .collect();
         let records = futures::stream::iter(page)
             .map(|(sequence, entry)| async move {
-                let found = self.read(&entry.id, Replica::Nearest).await?;
+                let found = self.store.jobs().read(&entry.id, Replica::Nearest).await?;
                 // Only the job's current entry counts; a retried job left a stale one.
                 Ok::<_, OjsError>(found.filter(|(rec, _)| rec.dead_letter == Some(sequence)))
             })
@@ -122,21 +137,21 @@ impl Store {
     ///
     /// # Errors
     /// 404 when the job is unknown or not in the dead letter queue.
-    pub async fn dead_letter(&self, id: &str) -> Result<Job, OjsError> {
+    pub async fn get(self, id: &str) -> Result<Job, OjsError> {
         Ok(self.dead_lettered(id, Replica::Nearest).await?.0.job)
     }
 
     /// The job's record and its revision while it is in the dead letter queue: the record
     /// names an entry and retention has not pruned that entry.
-    async fn dead_lettered(&self, id: &str, from: Replica) -> Result<(JobRecord, u64), OjsError> {
+    async fn dead_lettered(self, id: &str, from: Replica) -> Result<(JobRecord, u64), OjsError> {
         let not_in_queue = || OjsError::not_found("dead-letter job", id);
-        let Some((record, revision)) = self.read(id, from).await? else {
+        let Some((record, revision)) = self.store.jobs().read(id, from).await? else {
             return Err(not_in_queue());
         };
         let Some(entry) = record.dead_letter else {
             return Err(not_in_queue());
         };
-        if !self.dead_letter_entry_exists(entry).await? {
+        if !self.entry_exists(entry).await? {
             return Err(not_in_queue());
         }
         Ok((record, revision))
@@ -146,8 +161,8 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn dead_letter_entry_exists(&self, sequence: u64) -> Result<bool, OjsError> {
-        match self.inner.dead_letter.direct_get(sequence).await {
+    pub async fn entry_exists(self, sequence: u64) -> Result<bool, OjsError> {
+        match self.own.stream.direct_get(sequence).await {
             Ok(_) => Ok(true),
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(false),
             Err(err) => Err(backend("reading the dead letter queue")(err)),
@@ -158,7 +173,7 @@ impl Store {
     ///
     /// # Errors
     /// 404 unknown job; 409 when it is not discarded.
-    pub async fn retry_dead_letter(&self, id: &str) -> Result<Job, OjsError> {
+    pub async fn retry_dead_letter(self, id: &str) -> Result<Job, OjsError> {
         self.retry(id, lifecycle::retry_discarded).await
     }
 
@@ -166,11 +181,13 @@ impl Store {
     /// finished job of a bounded queue takes a place in it first (429 `queue_full` when
     /// there is none), given back when the retry is refused.
     pub(super) async fn retry(
-        &self,
+        self,
         id: &str,
         decide: fn(&JobRecord, DateTime<Utc>) -> Result<JobRecord, OjsError>,
     ) -> Result<Job, OjsError> {
         let (found, revision) = self
+            .store
+            .jobs()
             .read(id, Replica::Nearest)
             .await?
             .ok_or_else(|| OjsError::not_found("job", id))?;
@@ -178,10 +195,16 @@ impl Store {
         let mut token = None;
         if found.job.state.is_terminal() {
             let mut taking = [found.clone()];
-            tokens = self.take_depth_tokens(&mut taking, Duration::ZERO).await?;
+            tokens = self
+                .store
+                .queues()
+                .take_depth_tokens(&mut taking, Duration::ZERO)
+                .await?;
             token = taking[0].depth_token;
         }
         let settled = self
+            .store
+            .jobs()
             .transition_from(id, Some((found, revision)), |rec, now| {
                 let mut next = decide(rec, now)?;
                 if rec.job.state.is_terminal() {
@@ -193,7 +216,7 @@ impl Store {
         let settled = match settled {
             Ok(settled) => settled,
             Err(err) => {
-                self.give_back_unheld(&tokens).await;
+                self.store.queues().give_back_unheld(&tokens).await;
                 return Err(err);
             }
         };
@@ -207,7 +230,7 @@ impl Store {
     ///
     /// # Errors
     /// 404 when the job is not in the dead letter queue; 409 when it keeps changing.
-    pub async fn delete_dead_letter(&self, id: &str) -> Result<(), OjsError> {
+    pub async fn delete(self, id: &str) -> Result<(), OjsError> {
         self.remove_job(id, |from| self.dead_lettered(id, from))
             .await
     }
@@ -218,7 +241,7 @@ impl Store {
     ///
     /// # Errors
     /// What `find` refuses with; 409 when the job keeps changing.
-    pub(super) async fn remove_job<F, Fut>(&self, id: &str, find: F) -> Result<(), OjsError>
+    pub(super) async fn remove_job<F, Fut>(self, id: &str, find: F) -> Result<(), OjsError>
     where
         F: Fn(Replica) -> Fut,
         Fut: Future<Output = Result<(JobRecord, u64), OjsError>>,
@@ -226,9 +249,9 @@ impl Store {
         let mut raced = None;
         for round in 0..MAX_CAS_ATTEMPTS {
             let (record, revision) = find(Replica::after(raced.is_some())).await?;
-            match self.remove_record(&record, revision).await? {
+            match self.store.jobs().remove_record(&record, revision).await? {
                 Cas::Written(_) => {
-                    self.failpoint("dead_letter.purged").await;
+                    self.store.failpoint("dead_letter.purged").await;
                     if let Some(entry) = record.dead_letter {
                         self.drop_dead_letter_entry(entry).await;
                     }
@@ -244,8 +267,8 @@ impl Store {
     }
 
     /// Best effort, by the deadline: a stale entry left behind is skipped by listings.
-    async fn drop_dead_letter_entry(&self, seq: u64) {
-        let Some(dropped) = by_deadline(self.inner.dead_letter.delete_message(seq)).await else {
+    async fn drop_dead_letter_entry(self, seq: u64) {
+        let Some(dropped) = by_deadline(self.own.stream.delete_message(seq)).await else {
             warn!(
                 sequence = seq,
                 "could not remove a dead-letter entry by the request's deadline"
@@ -263,14 +286,14 @@ impl Store {
     }
 }
 
-impl Store {
+impl DeadLetter<'_> {
     /// How many entries the dead letter queue holds for `queue` (one stream info; stale
     /// entries count, architecture §6 item 6).
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn dead_letter_count(&self, queue: &str) -> Result<u64, OjsError> {
-        let subject = self.inner.topology.dead_letter_subject(queue);
+    pub async fn count(self, queue: &str) -> Result<u64, OjsError> {
+        let subject = self.store.inner.topology.dead_letter_subject(queue);
         self.subject_count(&subject).await
     }
 
@@ -279,12 +302,12 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn dead_letter_stats(&self) -> Result<DeadLetterStats, OjsError> {
-        let t = &self.inner.topology;
+    pub async fn stats(self) -> Result<DeadLetterStats, OjsError> {
+        let t = &self.store.inner.topology;
         let doing = "reading the dead letter queue";
         let mut info = self
-            .inner
-            .dead_letter
+            .own
+            .stream
             .info_with_subjects(format!("{}.dlq.*", t.namespace))
             .await
             .map_err(backend(doing))?;
@@ -300,7 +323,7 @@ impl Store {
             if seq == 0 {
                 return Ok(None);
             }
-            match self.inner.dead_letter.direct_get(seq).await {
+            match self.own.stream.direct_get(seq).await {
                 Ok(msg) => Ok(Some(DateTime::from_timestamp_nanos(
                     msg.time.unix_timestamp_nanos() as i64,
                 ))),
@@ -321,10 +344,10 @@ impl Store {
     }
 
     /// Entries in the dead letter queue, of every queue.
-    pub async fn dead_letter_total(&self) -> Result<u64, OjsError> {
+    pub async fn total(self) -> Result<u64, OjsError> {
         let info = self
-            .inner
-            .dead_letter
+            .own
+            .stream
             .get_info()
             .await
             .map_err(backend("reading the dead letter queue"))?;
@@ -332,10 +355,10 @@ impl Store {
     }
 
     /// How many entries of the dead-letter stream are on `subject`.
-    async fn subject_count(&self, subject: &str) -> Result<u64, OjsError> {
+    async fn subject_count(self, subject: &str) -> Result<u64, OjsError> {
         let mut info = self
-            .inner
-            .dead_letter
+            .own
+            .stream
             .info_with_subjects(subject)
             .await
             .map_err(backend("reading the dead letter queue"))?;

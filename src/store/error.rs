@@ -2,7 +2,7 @@
 //! could not answer (retry shortly), 500 for anything else.
 
 use async_nats::jetstream::stream::{DeleteMessageError, DeleteMessageErrorKind};
-use async_nats::jetstream::ErrorCode as NatsCode;
+use async_nats::jetstream::{Error as JsError, ErrorCode as NatsCode};
 
 use crate::domain::error::{BoxedError, ErrorCode, OjsError};
 
@@ -53,10 +53,9 @@ pub fn refusal<K>(err: &async_nats::error::Error<K>, outdated: K) -> Option<Refu
 where
     K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq,
 {
-    use async_nats::jetstream::{Error as JsError, ErrorCode as JsCode};
     let in_flight = std::iter::successors(std::error::Error::source(err), |e| e.source())
         .filter_map(|e| e.downcast_ref::<JsError>())
-        .any(|e| e.error_code() == JsCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT);
+        .any(|e| e.error_code() == NatsCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT);
     if in_flight {
         Some(Refused::InFlight)
     } else {
@@ -67,8 +66,7 @@ where
 /// Whether JetStream itself refused (an API error answer, such as a stream limit), as
 /// opposed to not answering.
 pub fn server_refused(err: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(err), |e| e.source())
-        .any(|e| e.downcast_ref::<async_nats::jetstream::Error>().is_some())
+    std::iter::successors(Some(err), |e| e.source()).any(|e| e.downcast_ref::<JsError>().is_some())
 }
 
 /// Whether a compare-and-set write lost to another write of the key, for either reason
@@ -80,21 +78,115 @@ where
     refusal(err, outdated).is_some()
 }
 
-/// What async-nats says, at any level of the error chain, when nobody answered. It spreads
-/// these over a dozen error kinds (publish, request, KV entry, stream info…) and nests them
-/// (a KV create wraps the read that failed), so their texts are the common ground.
+/// Whether NATS did not answer, at any level of the error chain: a request or publish that
+/// timed out, found no responders or no stream (a stream without a leader while a cluster
+/// elects one), a publish on a broken connection, or JetStream saying its cluster is not
+/// available. async-nats spreads these over a dozen error kinds (publish, request, KV
+/// entry, stream info…) and nests them (a KV create wraps the read that failed), so each
+/// link of the chain is asked for its kind.
 pub(super) fn unanswered(err: &(dyn std::error::Error + 'static)) -> bool {
-    const UNANSWERED: [&str; 5] = [
-        "timed out",
-        "no responders",
-        "no stream found",
-        "broken pipe",
-        "temporarily unavailable",
-    ];
-    std::iter::successors(Some(err), |e| e.source()).any(|e| {
-        let text = e.to_string();
-        UNANSWERED.iter().any(|said| text.contains(said))
-    })
+    std::iter::successors(Some(err), |e| e.source()).any(said_nothing)
+}
+
+/// The kind of `err` if it is an async-nats error of kind `K`.
+fn kind<K>(err: &(dyn std::error::Error + 'static)) -> Option<K>
+where
+    K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq + 'static,
+{
+    err.downcast_ref::<async_nats::error::Error<K>>()
+        .map(async_nats::error::Error::kind)
+}
+
+/// Whether this one error (not its sources) says that NATS did not answer.
+fn said_nothing(err: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::consumer::{pull, StreamErrorKind};
+    use async_nats::jetstream::{context as cx, kv, stream as st};
+    let cluster_down = |e: &JsError| e.error_code() == NatsCode::CLUSTER_NOT_AVAILABLE;
+    if let Some(e) = err.downcast_ref::<JsError>() {
+        return cluster_down(e);
+    }
+    if let Some(k) = kind::<async_nats::RequestErrorKind>(err) {
+        use async_nats::RequestErrorKind as K;
+        return matches!(k, K::TimedOut | K::NoResponders);
+    }
+    if let Some(k) = kind::<cx::RequestErrorKind>(err) {
+        use cx::RequestErrorKind as K;
+        return matches!(k, K::TimedOut | K::NoResponders);
+    }
+    if let Some(k) = kind::<cx::PublishErrorKind>(err) {
+        use cx::PublishErrorKind as K;
+        return matches!(k, K::TimedOut | K::StreamNotFound | K::BrokenPipe);
+    }
+    if let Some(k) = kind::<cx::ConsumerInfoErrorKind>(err) {
+        use cx::ConsumerInfoErrorKind as K;
+        return match k {
+            K::TimedOut | K::NoResponders => true,
+            K::JetStream(e) => cluster_down(&e),
+            _ => false,
+        };
+    }
+    if let Some(k) = kind::<cx::CreateStreamErrorKind>(err) {
+        use cx::CreateStreamErrorKind as K;
+        return match k {
+            K::TimedOut => true,
+            K::JetStream(e) => cluster_down(&e),
+            _ => false,
+        };
+    }
+    if let Some(cx::GetStreamErrorKind::JetStream(e)) = kind(err) {
+        return cluster_down(&e);
+    }
+    if let Some(k) = kind::<kv::EntryErrorKind>(err) {
+        return k == kv::EntryErrorKind::TimedOut;
+    }
+    if let Some(k) = kind::<kv::UpdateErrorKind>(err) {
+        return k == kv::UpdateErrorKind::TimedOut;
+    }
+    if let Some(k) = kind::<kv::WatchErrorKind>(err) {
+        return k == kv::WatchErrorKind::TimedOut;
+    }
+    if let Some(k) = kind::<st::DirectGetErrorKind>(err) {
+        use st::DirectGetErrorKind as K;
+        return match k {
+            K::TimedOut => true,
+            K::ErrorResponse(status, _) => status == async_nats::StatusCode::NO_RESPONDERS,
+            _ => false,
+        };
+    }
+    if let Some(k) = kind::<st::DeleteMessageErrorKind>(err) {
+        use st::DeleteMessageErrorKind as K;
+        return match k {
+            K::TimedOut => true,
+            K::JetStream(e) => cluster_down(&e),
+            _ => false,
+        };
+    }
+    if let Some(k) = kind::<st::PurgeErrorKind>(err) {
+        use st::PurgeErrorKind as K;
+        return match k {
+            K::TimedOut => true,
+            K::JetStream(e) => cluster_down(&e),
+            _ => false,
+        };
+    }
+    if let Some(k) = kind::<st::ConsumerErrorKind>(err) {
+        use st::ConsumerErrorKind as K;
+        return match k {
+            K::TimedOut => true,
+            K::JetStream(e) => cluster_down(&e),
+            _ => false,
+        };
+    }
+    if let Some(st::LastRawMessageErrorKind::JetStream(e)) = kind(err) {
+        return cluster_down(&e);
+    }
+    if let Some(k) = kind::<StreamErrorKind>(err) {
+        return k == StreamErrorKind::TimedOut;
+    }
+    if let Some(k) = kind::<pull::MessagesErrorKind>(err) {
+        return k == pull::MessagesErrorKind::NoResponders;
+    }
+    false
 }
 
 /// Whether a message delete found nothing to delete: deleted before (an earlier try whose
@@ -107,7 +199,10 @@ pub fn already_deleted(err: &DeleteMessageError) -> bool {
             e.error_code() == NatsCode::NO_MESSAGE_FOUND
                 || e.error_code() == NatsCode::SEQUENCE_NOT_FOUND
                 || e.error_code() == NatsCode::STREAM_NOT_FOUND
-                || e.to_string().contains("no message found")
+                // 10057 is any failed delete; only its description says the message was
+                // missing, and async-nats gives the description only as text.
+                || (e.error_code() == NatsCode::STREAM_MESSAGE_DELETE_FAILED
+                    && e.to_string().contains("no message found"))
         }
         _ => false,
     }
@@ -148,6 +243,30 @@ mod tests {
             nats_failed("writing", PublishError::new(PublishErrorKind::TimedOut)).message,
             "NATS failed while writing."
         );
+    }
+
+    #[test]
+    fn silence_is_read_from_the_error_kinds_at_any_depth() {
+        use async_nats::jetstream::kv::{EntryError, EntryErrorKind};
+        use async_nats::jetstream::stream::{DirectGetError, DirectGetErrorKind};
+        let no_responders = DirectGetError::new(DirectGetErrorKind::ErrorResponse(
+            async_nats::StatusCode::NO_RESPONDERS,
+            "no responders".into(),
+        ));
+        assert!(unanswered(&EntryError::with_source(
+            EntryErrorKind::Other,
+            no_responders
+        )));
+        let said = |code: u64| -> JsError {
+            serde_json::from_str(&format!(
+                r#"{{"code":503,"err_code":{code},"description":"said"}}"#
+            ))
+            .unwrap()
+        };
+        let cluster_down = PublishError::with_source(PublishErrorKind::Other, said(10008));
+        assert!(unanswered(&cluster_down));
+        let limit = PublishError::with_source(PublishErrorKind::Other, said(10077));
+        assert!(!unanswered(&limit));
     }
 
     #[test]

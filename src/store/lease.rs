@@ -6,6 +6,18 @@ use tracing::debug;
 
 use super::Store;
 
+/// The leases resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Leases<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the leases resource owns.
+pub(super) struct Owned {
+    pub(super) kv: kv::Store,
+}
+
 /// One named lease, as seen by one contender.
 pub struct Lease {
     kv: kv::Store,
@@ -19,16 +31,16 @@ pub struct Lease {
     answer_within: std::time::Duration,
 }
 
-impl Store {
+impl Leases<'_> {
     /// A contender for the lease `name`, identifying itself as `holder`.
-    pub fn lease(&self, name: &str, holder: &str) -> Lease {
+    pub fn contender(self, name: &str, holder: &str) -> Lease {
         Lease {
-            kv: self.inner.leases.clone(),
+            kv: self.own.kv.clone(),
             key: name.to_owned(),
             holder: holder.to_owned(),
             revision: None,
             term: None,
-            answer_within: self.inner.topology.lease_ttl / 3,
+            answer_within: self.store.inner.topology.lease_ttl / 3,
         }
     }
 }

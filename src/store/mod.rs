@@ -1,38 +1,26 @@
 //! The JetStream layer: the only module that talks to NATS. [`Store`] is a cheap-to-clone
-//! handle shared by the HTTP handlers and the coordinator.
+//! connection shared by the HTTP handlers and the coordinator; it hands out one handle per
+//! resource (`store.jobs()`, `store.cron()`, …), each owning that resource's buckets and
+//! streams, so a call names what it touches. `store.leader()` holds what only the leader
+//! services do.
 
-mod backpressure;
-mod batches;
-mod bulk;
 mod cas;
 pub mod connection;
 mod cron;
 mod dead_letter;
 pub mod deadline;
-mod enqueue;
 mod error;
 mod events;
-mod fetch;
-mod finished_index;
-mod handled;
+mod jobs;
+mod leader;
 mod lease;
-mod listing;
 mod mirror;
-mod progress;
-mod pruner;
 mod publish;
-mod puller;
-mod queue_ops;
 mod queues;
-mod rate_limit;
-mod recent;
-mod records;
 mod stats;
 mod stream_walk;
 mod timers;
 pub mod topology;
-mod transitions;
-mod unique;
 mod workers;
 mod workflows;
 
@@ -51,28 +39,22 @@ use crate::domain::lifecycle::RECORD_HEADROOM;
 use crate::domain::retry::OnExhaustion;
 use crate::failpoint::Failpoints;
 
-pub use backpressure::Pressure;
-pub use cron::TickOutcome;
-pub use dead_letter::{DeadLetterPage, DeadLetterStats};
-pub use enqueue::Enqueued;
+pub use cron::Cron;
+pub use dead_letter::{DeadLetter, DeadLetterPage, DeadLetterStats};
 pub use error::backend;
-pub use events::{EventFeed, EventPage, EventQuery, FollowFrom, JobWrite, JobWrites};
-use finished_index::FINISHED_STATES;
-pub use lease::Lease;
-pub use listing::JobPage;
-pub use progress::Reported;
-pub use pruner::{StoredWrite, WriteBody};
-pub use queue_ops::QueueStats;
-pub use queues::QueueMeta;
-use queues::QueueRegistry;
-pub use rate_limit::LimitUsage;
-pub use records::Settled;
-pub use stats::ClusterTotals;
-pub use timers::{PendingTimer, ReadAhead, Timer, TimerFeed, TimerKind};
+pub use events::{EventFeed, EventPage, EventQuery, Events, FollowFrom};
+pub use jobs::{ended_lock, Enqueued, JobPage, Jobs, Reported, Settled};
+pub use leader::{
+    JobWrite, JobWrites, Leader, PendingTimer, ReadAhead, StoredWrite, TickOutcome, TimerFeed,
+    WriteBody,
+};
+pub use lease::{Lease, Leases};
+pub use queues::{LimitUsage, Pressure, QueueMeta, QueueStats, Queues};
+pub use stats::{ClusterTotals, Stats};
+pub use timers::{Timer, TimerKind, Timers};
 pub use topology::Topology;
-pub use unique::ended_lock;
-pub use workers::{BeatReply, WorkerRecord, WorkerState};
-pub use workflows::WorkflowView;
+pub use workers::{BeatReply, WorkerRecord, WorkerState, Workers};
+pub use workflows::{WorkflowView, Workflows};
 
 /// Unacknowledged JetStream publishes allowed at once. async-nats makes a publish wait when
 /// its cap is reached; a batch PUSH publishes all its queue messages before awaiting any
@@ -82,12 +64,8 @@ pub use workflows::WorkflowView;
 /// memory is bounded by the request size limits instead.
 const MAX_ACKS_IN_FLIGHT: usize = 10_000_000;
 
-/// Job records remembered for the next operation on them (`recent.rs`). A remembered record
-/// takes about 2.3 KB (measured: 4,096 of them added 9–10 MB of RSS), so this is ~2.5 MB;
-/// it covers the jobs in flight between PUSH, FETCH and ACK when queues are short.
-const RECENT_RECORDS: usize = 1024;
-
-/// Handle to every stream and bucket ojs-jetstream uses.
+/// The connection to NATS (client, JetStream context, topology, settings) and the owner of
+/// every resource, which it hands out as handles.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -97,35 +75,18 @@ struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
     topology: Topology,
-    jobs: kv::Store,
-    leases: kv::Store,
-    /// The pruner's cursor (`pruner.rs`).
-    coordinator: kv::Store,
-    workers: kv::Store,
-    cron_kv: kv::Store,
-    /// Workflow records and plans (`workflows.rs`).
-    workflows: kv::Store,
-    /// Queue statistics (`stats.rs`).
-    stats: kv::Store,
-    /// Unique-job locks (`unique.rs`).
-    unique: kv::Store,
-    /// Marks of batch PUSHes under way (`batches.rs`).
-    batches: kv::Store,
-    /// Every replica's copy of the cron bucket, for listings and the leader's schedule.
-    cron: cron::CronMirror,
-    /// Every worker in brief, for listings and counts without a key listing.
-    worker_list: workers::WorkerMirror,
-    queues: QueueRegistry,
-    /// Records this gateway wrote last: the first guess of a compare-and-set.
-    recent: recent::RecentRecords,
-    /// How far the event publisher has handled job writes, for the trails of new writes.
-    handled: handled::HandledWrites,
-    /// The events stream, for queries.
-    events: jetstream::stream::Stream,
-    /// The dead-letter stream, for listings.
-    dead_letter: jetstream::stream::Stream,
-    /// The leader's index of completed, cancelled and pending jobs (`finished_index.rs`).
-    finished: finished_index::FinishedIndex,
+    /// What each resource owns, lent to its handle.
+    jobs: jobs::Owned,
+    queues: queues::Owned,
+    timers: timers::Owned,
+    events: events::Owned,
+    workflows: workflows::Owned,
+    cron: cron::Owned,
+    dead_letter: dead_letter::Owned,
+    workers: workers::Owned,
+    stats: stats::Owned,
+    leases: lease::Owned,
+    leader: leader::Owned,
     /// Event `source` URI of this gateway's API, and of its cron scheduler.
     source: String,
     cron_source: String,
@@ -152,11 +113,6 @@ struct Inner {
     max_pending_timers: u64,
     /// Most cron entries registered (`max_cron_entries`).
     max_cron_entries: usize,
-    timer_count: timers::TimerCount,
-    /// Bounded queues' depths as last read, for the pressure headers (`backpressure.rs`).
-    depths: backpressure::DepthCache,
-    /// Spaces this gateway's progress writes of a job a second apart (`progress.rs`).
-    progress: std::sync::Mutex<crate::domain::progress::Throttle>,
     /// Whether the leader logs each job transition (`log_job_transitions`).
     log_job_transitions: bool,
     /// Cancelled at shutdown: long-polling FETCHes stop waiting.
@@ -255,7 +211,7 @@ impl Store {
         let worker_list =
             mirror::Mirror::start(&workers, &client, topology.reset_subject()).await?;
         let handled =
-            handled::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
+            events::HandledWrites::follow(&client, topology.events_handled_subject()).await?;
         let leases = ensure_bucket(
             &js,
             &topology,
@@ -275,9 +231,9 @@ impl Store {
         let events = ensure_stream(&js, topology.events_stream_config()).await?;
         ensure_stream(&js, topology.timers_stream_config()).await?;
         let dead_letter = ensure_stream(&js, topology.dead_letter_stream_config()).await?;
-        let finished = finished_index::FinishedIndex::ensure(&js, &topology).await?;
+        let finished = leader::FinishedIndex::ensure(&js, &topology).await?;
         let server_max = client.server_info().max_payload;
-        let queues = QueueRegistry::start(
+        let queues = queues::QueueRegistry::start(
             client.clone(),
             js.clone(),
             topology.clone(),
@@ -295,23 +251,36 @@ impl Store {
                 client,
                 js,
                 topology,
-                jobs,
-                leases,
-                coordinator,
-                workers,
-                cron_kv,
-                workflows,
-                stats,
-                unique,
-                batches,
-                cron,
-                worker_list,
-                queues,
-                recent: recent::RecentRecords::new(RECENT_RECORDS),
-                handled,
-                events,
-                dead_letter,
-                finished,
+                jobs: jobs::Owned::new(jobs, unique, batches),
+                queues: queues::Owned {
+                    registry: queues,
+                    depths: queues::DepthCache::default(),
+                },
+                timers: timers::Owned {
+                    count: timers::TimerCount::default(),
+                },
+                events: events::Owned {
+                    stream: events,
+                    handled,
+                },
+                workflows: workflows::Owned { kv: workflows },
+                cron: cron::Owned {
+                    kv: cron_kv,
+                    mirror: cron,
+                },
+                dead_letter: dead_letter::Owned {
+                    stream: dead_letter,
+                },
+                workers: workers::Owned {
+                    kv: workers,
+                    mirror: worker_list,
+                },
+                stats: stats::Owned { kv: stats },
+                leases: lease::Owned { kv: leases },
+                leader: leader::Owned {
+                    kv: coordinator,
+                    finished,
+                },
                 source: format!("ojs://{}/api", cfg.service_name),
                 cron_source: format!("ojs://{}/cron", cfg.service_name),
                 visibility_timeout: cfg.visibility_timeout(),
@@ -329,14 +298,88 @@ impl Store {
                 timer_horizon_ms: cfg.timer_horizon_ms,
                 max_pending_timers: cfg.max_pending_timers,
                 max_cron_entries: cfg.max_cron_entries,
-                timer_count: timers::TimerCount::default(),
-                depths: backpressure::DepthCache::default(),
-                progress: std::sync::Mutex::default(),
                 log_job_transitions: cfg.log_job_transitions,
                 stop_waiting: CancellationToken::new(),
                 failpoints: cfg.failpoints(),
             }),
         })
+    }
+
+    pub fn jobs(&self) -> Jobs<'_> {
+        Jobs {
+            store: self,
+            own: &self.inner.jobs,
+        }
+    }
+
+    pub fn queues(&self) -> Queues<'_> {
+        Queues {
+            store: self,
+            own: &self.inner.queues,
+        }
+    }
+
+    pub fn timers(&self) -> Timers<'_> {
+        Timers {
+            store: self,
+            own: &self.inner.timers,
+        }
+    }
+
+    pub fn events(&self) -> Events<'_> {
+        Events {
+            store: self,
+            own: &self.inner.events,
+        }
+    }
+
+    pub fn workflows(&self) -> Workflows<'_> {
+        Workflows {
+            store: self,
+            own: &self.inner.workflows,
+        }
+    }
+
+    pub fn cron(&self) -> Cron<'_> {
+        Cron {
+            store: self,
+            own: &self.inner.cron,
+        }
+    }
+
+    pub fn dead_letter(&self) -> DeadLetter<'_> {
+        DeadLetter {
+            store: self,
+            own: &self.inner.dead_letter,
+        }
+    }
+
+    pub fn workers(&self) -> Workers<'_> {
+        Workers {
+            store: self,
+            own: &self.inner.workers,
+        }
+    }
+
+    pub fn stats(&self) -> Stats<'_> {
+        Stats {
+            store: self,
+            own: &self.inner.stats,
+        }
+    }
+
+    pub fn leases(&self) -> Leases<'_> {
+        Leases {
+            store: self,
+            own: &self.inner.leases,
+        }
+    }
+
+    pub fn leader(&self) -> Leader<'_> {
+        Leader {
+            store: self,
+            own: &self.inner.leader,
+        }
     }
 
     /// Whether the leader logs each job transition.
@@ -365,7 +408,7 @@ impl Store {
 
     /// How many queue lanes this gateway keeps a pull loop open for.
     pub fn pullers_open(&self) -> usize {
-        self.inner.queues.pullers_open()
+        self.inner.queues.registry.pullers_open()
     }
 
     /// How long finished jobs are kept; `None`: for good.
@@ -429,7 +472,7 @@ impl Store {
             t.timers_stream(),
             t.dead_letter_stream(),
         ];
-        streams.extend(FINISHED_STATES.map(|state| t.finished_stream(state)));
+        streams.extend(leader::FINISHED_STATES.map(|state| t.finished_stream(state)));
         while let Some(name) = names.next().await {
             let name = name.map_err(backend("listing streams"))?;
             if name.starts_with(&t.queue_stream_prefix())
@@ -449,10 +492,10 @@ impl Store {
                 .map_err(backend("finding a stream to purge"))?;
             stream.purge().await.map_err(backend("purging a stream"))?;
         }
-        self.restart_counting().await?;
-        self.inner.queues.clear();
-        self.inner.cron.clear();
-        self.inner.worker_list.clear();
+        self.stats().restart_counting().await?;
+        self.inner.queues.registry.clear();
+        self.inner.cron.mirror.clear();
+        self.inner.workers.mirror.clear();
         self.inner
             .client
             .publish(t.reset_subject(), bytes::Bytes::new())

@@ -1,12 +1,12 @@
 //! Queue statistics in the stats bucket (docs/architecture.md §3.17): the leader counts the
-//! job writes it reads for events (`count_writes`), one compare-and-set per queue per batch
-//! plus the `counted` mark; a reader waits until the mark covers every job write stored
-//! when it asked, so the counts are exact for the client that just wrote (`queue_counts`).
+//! job writes it reads for events (`leader/counts.rs`), one compare-and-set per queue per
+//! batch plus the `counted` mark; a reader waits until the mark covers every job write
+//! stored when it asked, so the counts are exact for the client that just wrote
+//! (`queue_counts`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::future::try_join_all;
+use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -17,10 +17,23 @@ use super::error::backend;
 use super::topology::encode_queue;
 use super::Store;
 use crate::domain::error::OjsError;
-use crate::domain::stats::{Change, QueueCounts};
+use crate::domain::stats::QueueCounts;
+
+/// The statistics resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Stats<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the statistics resource owns.
+pub(super) struct Owned {
+    /// Queue statistics.
+    pub(super) kv: kv::Store,
+}
 
 /// Key of the mark: every job write up to it is counted.
-const COUNTED: &str = "counted";
+pub(super) const COUNTED: &str = "counted";
 /// Longest a read waits for the leader to count the writes before it (a failover, NATS
 /// trouble); past it the counts are answered as far as they go.
 const COUNT_WAIT: Duration = Duration::from_secs(2);
@@ -42,75 +55,21 @@ pub struct ClusterTotals {
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-struct Counted {
-    through: u64,
+pub(super) struct Counted {
+    pub(super) through: u64,
 }
 
-fn counts_key(queue: &str) -> String {
+pub(super) fn counts_key(queue: &str) -> String {
     format!("queue.{}", encode_queue(queue))
 }
 
-impl Store {
+impl Stats<'_> {
     /// After the admin reset: nothing stored before now will be counted.
-    pub(super) async fn restart_counting(&self) -> Result<(), OjsError> {
-        self.mark_counted(self.last_job_write().await?).await
-    }
-
-    /// Leader: counts one batch of job writes, `changes` by queue, then marks every write
-    /// up to `through` (the batch's last) counted. Each queue's counters skip the writes
-    /// they counted before, so a batch replayed after a crash changes nothing.
-    ///
-    /// # Errors
-    /// When NATS fails or a write keeps being refused; the caller retries the batch.
-    pub async fn count_writes(
-        &self,
-        changes: &BTreeMap<String, Vec<Change>>,
-        through: u64,
-    ) -> Result<(), OjsError> {
-        let kv = &self.inner.stats;
-        try_join_all(changes.iter().map(|(queue, changes)| async move {
-            cas::change(
-                kv,
-                &counts_key(queue),
-                "queue count",
-                queue,
-                move |current: Option<&QueueCounts>| {
-                    let mut counts = current.cloned().unwrap_or_default();
-                    if counts.through >= through {
-                        return None;
-                    }
-                    for change in changes {
-                        counts.apply(change);
-                    }
-                    counts.counted_through(through);
-                    Some(counts)
-                },
-            )
+    pub(super) async fn restart_counting(self) -> Result<(), OjsError> {
+        self.store
+            .leader()
+            .mark_counted(self.last_job_write().await?)
             .await
-        }))
-        .await?;
-        self.mark_counted(through).await
-    }
-
-    /// Marks every job write up to `through` counted (the mark never goes back). The
-    /// leader's feed opens after what earlier leaderships handled, and writes from before
-    /// counting began (an upgrade) will never be counted: marking them lets readers stop
-    /// waiting for them.
-    ///
-    /// # Errors
-    /// When NATS fails.
-    pub async fn mark_counted(&self, through: u64) -> Result<(), OjsError> {
-        cas::change(
-            &self.inner.stats,
-            COUNTED,
-            "counting mark",
-            COUNTED,
-            |current: Option<&Counted>| {
-                (current.is_none_or(|c| c.through < through)).then_some(Counted { through })
-            },
-        )
-        .await?;
-        Ok(())
     }
 
     /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
@@ -119,24 +78,24 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn cluster_totals(&self) -> Result<ClusterTotals, OjsError> {
+    pub async fn cluster_totals(self) -> Result<ClusterTotals, OjsError> {
         let queues = self.all_queue_counts().await?;
-        let workers = self.worker_count() as u64;
+        let workers = self.store.workers().count() as u64;
         let counted = self.counted_through().await?;
         Ok(ClusterTotals {
             queues,
             workers,
             unhandled_writes: self.last_job_write().await?.saturating_sub(counted),
-            timers_pending: self.timers_stored().await?,
+            timers_pending: self.store.timers().timers_stored().await?,
         })
     }
 
     /// Every registered queue's counters, exact for what was written before the call (as
-    /// [`Store::queue_counts`]).
+    /// [`Stats::queue_counts`]).
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn current_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+    pub async fn current_queue_counts(self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
         self.wait_counted().await?;
         self.all_queue_counts().await
     }
@@ -146,7 +105,7 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn wait_counted(&self) -> Result<(), OjsError> {
+    pub async fn wait_counted(self) -> Result<(), OjsError> {
         let stored = self.last_job_write().await?;
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
@@ -168,11 +127,11 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn all_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
-        futures::stream::iter(self.queues())
+    pub async fn all_queue_counts(self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+        futures::stream::iter(self.store.queues().list())
             .map(|q| async move {
                 let counts = cas::read::<QueueCounts>(
-                    &self.inner.stats,
+                    &self.own.kv,
                     &counts_key(&q.name),
                     Replica::Nearest,
                     "queue count",
@@ -187,24 +146,23 @@ impl Store {
     }
 
     /// The mark: every job write up to it is counted.
-    async fn counted_through(&self) -> Result<u64, OjsError> {
-        Ok(cas::read::<Counted>(
-            &self.inner.stats,
-            COUNTED,
-            Replica::Nearest,
-            "counting mark",
+    async fn counted_through(self) -> Result<u64, OjsError> {
+        Ok(
+            cas::read::<Counted>(&self.own.kv, COUNTED, Replica::Nearest, "counting mark")
+                .await?
+                .value
+                .unwrap_or_default()
+                .through,
         )
-        .await?
-        .value
-        .unwrap_or_default()
-        .through)
     }
 
     /// The sequence of the last job write stored.
-    async fn last_job_write(&self) -> Result<u64, OjsError> {
+    async fn last_job_write(self) -> Result<u64, OjsError> {
         Ok(self
-            .inner
-            .jobs
+            .store
+            .jobs()
+            .own
+            .kv
             .stream
             .get_info()
             .await
@@ -219,10 +177,10 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>, OjsError> {
+    pub async fn queue_counts(self, queue: &str) -> Result<Option<QueueCounts>, OjsError> {
         self.wait_counted().await?;
         let counts = cas::read::<QueueCounts>(
-            &self.inner.stats,
+            &self.own.kv,
             &counts_key(queue),
             Replica::Nearest,
             "queue count",

@@ -272,7 +272,7 @@ impl Topology {
         format!("{}-depth-", self.namespace)
     }
 
-    /// A bounded queue's unfinished jobs, one token each (`store/backpressure.rs`).
+    /// A bounded queue's unfinished jobs, one token each (`store/queues/backpressure.rs`).
     pub fn depth_stream(&self, queue: &str) -> String {
         format!("{}{}", self.depth_stream_prefix(), encode_queue(queue))
     }
@@ -309,7 +309,7 @@ impl Topology {
     }
 
     /// Core NATS subject on which the leader announces how far its event publisher has
-    /// handled job writes (`store/handled.rs`).
+    /// handled job writes (`store/events/handled.rs`).
     pub fn events_handled_subject(&self) -> String {
         format!("{}.control.events-handled", self.namespace)
     }

@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
+use async_nats::jetstream::kv;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::warn;
 
-use super::batches::AT_ONCE;
 use super::cas::{self, Replica};
+use super::jobs::batches::AT_ONCE;
 use super::mirror::Mirror;
 use super::timers::{Timer, TimerKind};
 use super::Store;
@@ -21,7 +22,22 @@ use crate::domain::lifecycle;
 use crate::domain::requests::BeatRequest;
 use crate::domain::state::JobState;
 use crate::domain::time;
+
 pub use crate::domain::worker::WorkerState;
+
+/// The workers resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Workers<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the workers resource owns.
+pub(super) struct Owned {
+    pub(super) kv: kv::Store,
+    /// Every worker in brief, for listings and counts without a key listing.
+    pub(super) mirror: WorkerMirror,
+}
 
 /// A worker's entry in the workers bucket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,7 +102,7 @@ fn worker_key(worker_id: &str) -> String {
         .collect()
 }
 
-impl Store {
+impl Workers<'_> {
     /// BEAT (core §7.5, HTTP binding §10.4): extends the listed jobs the worker holds,
     /// records the worker, and (re)arms its dead-worker timer.
     ///
@@ -95,14 +111,16 @@ impl Store {
     /// `test_directives` honours `meta.test_directive` of listed jobs (conformance switch
     /// only).
     pub async fn heartbeat(
-        &self,
+        self,
         beat: &BeatRequest,
         test_directives: bool,
     ) -> Result<BeatReply, OjsError> {
         let visibility = beat.visibility;
-        let default_visibility = self.inner.visibility_timeout;
+        let default_visibility = self.store.inner.visibility_timeout;
         let extended = beat.active_job_ids.iter().cloned().map(|id| async move {
             let settled = self
+                .store
+                .jobs()
                 .transition(&id, |rec, now| {
                     let vis = lifecycle::beat_visibility(rec, visibility, default_visibility);
                     Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))
@@ -147,14 +165,16 @@ impl Store {
         }
         let record = self.record_beat(beat).await?;
         reply.state = directive.max(record.directive);
-        let due = time::add(Utc::now(), self.inner.heartbeat_timeout);
+        let due = time::add(Utc::now(), self.store.inner.heartbeat_timeout);
         let timer = Timer::named(TimerKind::Worker, &beat.worker_id, due);
-        self.stored(self.send_timer(&timer).await?).await?;
+        self.store
+            .stored(self.store.timers().send_timer(&timer).await?)
+            .await?;
         Ok(reply)
     }
 
     /// Updates the worker's entry, keeping the operator's directive.
-    async fn record_beat(&self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
+    async fn record_beat(self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
         let now = Utc::now();
         self.update_worker(&beat.worker_id, |current| {
             let mut rec = current.cloned().unwrap_or_else(|| WorkerRecord {
@@ -181,8 +201,8 @@ impl Store {
     ///
     /// # Errors
     /// 404 for a worker that never heartbeated.
-    pub async fn direct_worker(
-        &self,
+    pub async fn direct(
+        self,
         worker_id: &str,
         state: WorkerState,
     ) -> Result<WorkerRecord, OjsError> {
@@ -200,7 +220,7 @@ impl Store {
     ///
     /// # Errors
     /// 404 for a worker that never heartbeated (or was declared dead).
-    pub async fn worker(&self, worker_id: &str) -> Result<WorkerRecord, OjsError> {
+    pub async fn get(self, worker_id: &str) -> Result<WorkerRecord, OjsError> {
         self.read_worker(worker_id)
             .await?
             .map(|(rec, _)| rec)
@@ -213,18 +233,18 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn workers(
-        &self,
+    pub async fn list(
+        self,
         offset: usize,
         limit: usize,
     ) -> Result<(WorkerCensus, Vec<(WorkerRecord, bool)>), OjsError> {
         let now = Utc::now();
         let stale = |last_seen: DateTime<Utc>| {
-            (now - last_seen).to_std().unwrap_or_default() >= self.inner.heartbeat_timeout
+            (now - last_seen).to_std().unwrap_or_default() >= self.store.inner.heartbeat_timeout
         };
         let mut census = WorkerCensus::default();
         let mut ids = Vec::new();
-        for w in self.inner.worker_list.values() {
+        for w in self.own.mirror.values() {
             census.total += 1;
             *match (stale(w.last_seen), w.directive) {
                 (true, _) => &mut census.stale,
@@ -252,8 +272,8 @@ impl Store {
     }
 
     /// How many workers the registry holds, from this replica's mirror.
-    pub fn worker_count(&self) -> usize {
-        self.inner.worker_list.len()
+    pub fn count(self) -> usize {
+        self.own.mirror.len()
     }
 
     /// An operator removes a stale worker (admin spec §9.4): its jobs go back to their
@@ -261,16 +281,16 @@ impl Store {
     ///
     /// # Errors
     /// 404 unknown worker; 409 for a worker heard from within the heartbeat timeout.
-    pub async fn deregister_worker(&self, worker_id: &str) -> Result<(), OjsError> {
-        let rec = self.worker(worker_id).await?;
+    pub async fn deregister(self, worker_id: &str) -> Result<(), OjsError> {
+        let rec = self.get(worker_id).await?;
         let silent = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
-        if silent < self.inner.heartbeat_timeout {
+        if silent < self.store.inner.heartbeat_timeout {
             return Err(OjsError::new(
                 ErrorCode::Conflict,
                 format!(
                     "Worker '{worker_id}' heartbeated {} ms ago; only a stale worker (silent for {} ms) can be deregistered. Quiet or terminate it instead.",
                     silent.as_millis(),
-                    self.inner.heartbeat_timeout.as_millis()
+                    self.store.inner.heartbeat_timeout.as_millis()
                 ),
             ));
         }
@@ -279,23 +299,25 @@ impl Store {
 
     /// A worker's timer fired: if it has not heartbeated within the timeout, its jobs go
     /// back to their queues (error `worker_death`) and its entry is removed.
-    pub(super) async fn worker_expired(&self, worker_id: &str) -> Result<(), OjsError> {
+    pub(super) async fn worker_expired(self, worker_id: &str) -> Result<(), OjsError> {
         let Some((rec, revision)) = self.read_worker(worker_id).await? else {
             return Ok(());
         };
         let silent_for = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
-        if silent_for < self.inner.heartbeat_timeout {
+        if silent_for < self.store.inner.heartbeat_timeout {
             return Ok(()); // a newer heartbeat armed a newer timer
         }
         warn!(worker_id, last_seen = %time::format(rec.last_seen), "worker stopped heartbeating; taking its jobs back");
         for id in &rec.active_job_ids {
             match self
+                .store
+                .jobs()
                 .transition(id, |job, now| {
                     Ok(lifecycle::worker_died(job, now, worker_id))
                 })
                 .await
             {
-                Ok(settled) => self.release(&settled).await,
+                Ok(settled) => self.store.jobs().release(&settled).await,
                 Err(err) if err.code == ErrorCode::NotFound => {}
                 Err(err) => return Err(err),
             }
@@ -304,23 +326,23 @@ impl Store {
         // delete marker, not a purge: on nats-server 2.9 a purge makes the replicas'
         // watches skip other workers' changes (architecture §2, removal markers).
         let _ = self
-            .inner
-            .workers
+            .own
+            .kv
             .delete_expect_revision(worker_key(worker_id), Some(revision))
             .await;
         Ok(())
     }
 
-    async fn read_worker(&self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
+    async fn read_worker(self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
         let key = worker_key(worker_id);
-        let current = cas::read(&self.inner.workers, &key, Replica::Nearest, "worker").await?;
+        let current = cas::read(&self.own.kv, &key, Replica::Nearest, "worker").await?;
         Ok(current.value.map(|rec| (rec, current.revision)))
     }
 
     /// Read, change, write with a revision check, again on a lost race. `change` returning
     /// `None` writes nothing (and gives the entry as found).
     async fn update_worker<F>(
-        &self,
+        self,
         worker_id: &str,
         change: F,
     ) -> Result<Option<WorkerRecord>, OjsError>
@@ -328,15 +350,13 @@ impl Store {
         F: FnMut(Option<&WorkerRecord>) -> Option<WorkerRecord>,
     {
         let key = worker_key(worker_id);
-        let written = cas::change(&self.inner.workers, &key, "worker", worker_id, change).await?;
+        let written = cas::change(&self.own.kv, &key, "worker", worker_id, change).await?;
         let summary = written.value.as_ref().map(|rec| WorkerSummary {
             worker_id: rec.worker_id.clone(),
             directive: rec.directive,
             last_seen: rec.last_seen,
         });
-        self.inner
-            .worker_list
-            .remember(&key, written.revision, summary);
+        self.own.mirror.remember(&key, written.revision, summary);
         Ok(written.value)
     }
 }

@@ -1,12 +1,12 @@
 //! Workflows in JetStream (architecture §3.16): a record and a plan per workflow in the
 //! workflows bucket, every member job an ordinary job record. A creation writes the
 //! records, then the jobs, then marks the root ready; the leader moves workflows on from
-//! the job writes it reads for events (`advance_workflows`); a `workflow` timer repairs a
+//! the job writes it reads for events (`leader/workflows.rs`); a `workflow` timer repairs a
 //! creation or a cancel cut short.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
+use async_nats::jetstream::kv;
 use chrono::Utc;
 use futures::future::join_all;
 use serde_json::Value;
@@ -24,9 +24,22 @@ use crate::domain::workflow::{
     self, Advance, Effect, Plan, Request, Results, Seen, WorkflowRecord, WorkflowState,
 };
 
+/// The workflows resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Workflows<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the workflows resource owns.
+pub(super) struct Owned {
+    /// Workflow records and plans.
+    pub(super) kv: kv::Store,
+}
+
 /// When a decision's effects happen relative to its write.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Order {
+pub(super) enum Order {
     /// The leader moving a workflow on: effects first, then the write, so that a crash
     /// between leaves the decision to be made again, the same way.
     ActFirst,
@@ -49,7 +62,7 @@ fn plan_key(id: &str) -> String {
     format!("{id}.plan")
 }
 
-impl Store {
+impl Workflows<'_> {
     /// Creates a workflow (workflows spec §11.1): once the jobs passed PUSH's checks, the
     /// `workflow` timer, the records (root first) and plans, the jobs (those that start at
     /// once available), then the root marked ready.
@@ -57,15 +70,15 @@ impl Store {
     /// # Errors
     /// 400 for an invalid job, 413 for a workflow too large to store, 503 when NATS fails
     /// (the timer then cancels whatever was created).
-    pub async fn create_workflow(&self, request: &Request) -> Result<WorkflowView, OjsError> {
+    pub async fn create(self, request: &Request) -> Result<WorkflowView, OjsError> {
         let now = Utc::now();
         let creation = workflow::plan(
             request,
             Uuid::now_v7(),
             now,
-            self.inner.default_on_exhaustion,
+            self.store.inner.default_on_exhaustion,
         )?;
-        let max = self.inner.max_record_bytes;
+        let max = self.store.inner.max_record_bytes;
         let mut encoded = Vec::with_capacity(creation.workflows.len());
         for (rec, plan) in &creation.workflows {
             let (rec_bytes, plan_bytes) = (
@@ -83,18 +96,21 @@ impl Store {
             encoded.push((rec.id.clone(), rec_bytes, plan_bytes));
         }
         let root = creation.workflows[0].clone();
-        let kv = &self.inner.workflows;
+        let kv = &self.own.kv;
         let records = creation
             .jobs
             .into_iter()
             .map(|(job, slot)| JobRecord::created(job, Some(slot)))
             .collect();
         let write_workflows = async {
-            self.stored(
-                self.send_timer(&self.workflow_timer(&root.0.id, now))
-                    .await?,
-            )
-            .await?;
+            self.store
+                .stored(
+                    self.store
+                        .timers()
+                        .send_timer(&self.workflow_timer(&root.0.id, now))
+                        .await?,
+                )
+                .await?;
             for (id, rec_bytes, plan_bytes) in encoded {
                 for (key, bytes) in [(plan_key(&id), plan_bytes), (id, rec_bytes)] {
                     if let Cas::Refused(_) =
@@ -108,9 +124,11 @@ impl Store {
             }
             Ok(())
         };
-        self.create_jobs(records, write_workflows, Duration::ZERO)
+        self.store
+            .jobs()
+            .create_jobs(records, write_workflows, Duration::ZERO)
             .await?;
-        self.failpoint("workflow.jobs_created").await;
+        self.store.failpoint("workflow.jobs_created").await;
         let root_id = root.0.id.clone();
         let ready = cas::change(
             kv,
@@ -135,7 +153,7 @@ impl Store {
                 ErrorCode::BackendUnavailable,
                 format!(
                     "Creating workflow {root_id} took longer than {} ms and it was cancelled; retry.",
-                    self.inner.workflow_grace.as_millis()
+                    self.store.inner.workflow_grace.as_millis()
                 ),
             )),
         }
@@ -145,12 +163,12 @@ impl Store {
     ///
     /// # Errors
     /// 404 for an unknown id.
-    pub async fn workflow(&self, id: &str) -> Result<WorkflowView, OjsError> {
+    pub async fn get(self, id: &str) -> Result<WorkflowView, OjsError> {
         let missing = || OjsError::not_found("workflow", id);
         if parse_job_id(id).is_none() {
             return Err(missing());
         }
-        let kv = &self.inner.workflows;
+        let kv = &self.own.kv;
         let record = cas::read::<WorkflowRecord>(kv, id, Replica::Nearest, "workflow")
             .await?
             .value
@@ -168,15 +186,18 @@ impl Store {
     ///
     /// # Errors
     /// 404 for an unknown id, 409 when the workflow already ended.
-    pub async fn cancel_workflow(&self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
-        let view = self.workflow(id).await?;
+    pub async fn cancel(self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
+        let view = self.get(id).await?;
         // A workflow that already ended gets its 409 before any timer is published.
         workflow::cancel(&view.record, Utc::now())?;
-        self.stored(
-            self.send_timer(&self.workflow_timer(id, Utc::now()))
-                .await?,
-        )
-        .await?;
+        self.store
+            .stored(
+                self.store
+                    .timers()
+                    .send_timer(&self.workflow_timer(id, Utc::now()))
+                    .await?,
+            )
+            .await?;
         let (record, cancelled) = self
             .decide(id, Order::WriteFirst, |rec| {
                 workflow::cancel(rec, Utc::now())
@@ -192,93 +213,12 @@ impl Store {
         ))
     }
 
-    /// The workflow timer fired (leader): a root never marked ready was abandoned by its
-    /// creation and is cancelled; a cancelled workflow has its cancellations repeated.
-    pub(super) async fn workflow_timer_fired(&self, id: &str) -> Result<(), OjsError> {
-        let kv = &self.inner.workflows;
-        let Some(record) = cas::read::<WorkflowRecord>(kv, id, Replica::Leader, "workflow")
-            .await?
-            .value
-        else {
-            return Ok(());
-        };
-        if record.state == WorkflowState::Cancelled {
-            self.carry_out(&record, &workflow::cancellations(&record))
-                .await?;
-        } else if !record.ready && record.state == WorkflowState::Running {
-            tracing::warn!(
-                workflow_id = id,
-                "a workflow's creation was cut short; cancelling it"
-            );
-            self.cancel_nested(id).await?;
-        }
-        Ok(())
-    }
-
-    /// Leader: moves each workflow on by what its members' writes showed, in order, one
-    /// read and one compare-and-set per workflow. A workflow that cannot be moved on for a
-    /// reason other than NATS being unreachable is logged and passed over: held back, it
-    /// would stop the events of every job after it.
-    ///
-    /// # Errors
-    /// When NATS does not answer; everything done so far is idempotent, so the caller
-    /// repeats it.
-    pub async fn advance_workflows(&self, seen: &[(String, Slot, Seen)]) -> Result<(), OjsError> {
-        let mut order: Vec<&str> = Vec::new();
-        let mut by_workflow: HashMap<&str, Vec<(Slot, Seen)>> = HashMap::new();
-        for (id, slot, what) in seen {
-            by_workflow
-                .entry(id.as_str())
-                .or_insert_with(|| {
-                    order.push(id.as_str());
-                    Vec::new()
-                })
-                .push((*slot, what.clone()));
-        }
-        for id in order {
-            match self.apply_seen(id, &by_workflow[id]).await {
-                Err(err) if err.code == ErrorCode::BackendUnavailable => return Err(err),
-                Err(err) => {
-                    tracing::error!(workflow_id = id, error = %err.with_causes(), "passing over a workflow that cannot be moved on");
-                }
-                Ok(()) => {}
-            }
-        }
-        Ok(())
-    }
-
-    async fn apply_seen(&self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
-        self.decide(id, Order::ActFirst, |rec| {
-            Ok(workflow::apply(rec, seen, Utc::now()))
-        })
-        .await
-        .map(drop)
-    }
-
-    /// Begins a nested workflow that waited as a later chain step.
-    async fn begin_nested(&self, id: &str, results: Option<Vec<Value>>) -> Result<(), OjsError> {
-        self.decide(id, Order::ActFirst, |rec| {
-            Ok(workflow::begin(rec, results.clone()))
-        })
-        .await
-        .map(drop)
-    }
-
-    /// Cancels a nested (or abandoned) workflow, unless it already ended.
-    async fn cancel_nested(&self, id: &str) -> Result<(), OjsError> {
-        self.decide(id, Order::ActFirst, |rec| {
-            Ok(workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance::unchanged(rec)))
-        })
-        .await
-        .map(drop)
-    }
-
     /// Read, decide, and when anything changed publish the events, write with a revision
     /// check and carry out the effects in `order`; again after a refused write. Gives the
     /// record as it now stands and how many jobs the effects cancelled; `None` for a
     /// workflow that does not exist.
-    async fn decide<F>(
-        &self,
+    pub(super) async fn decide<F>(
+        self,
         id: &str,
         order: Order,
         decide: F,
@@ -286,7 +226,7 @@ impl Store {
     where
         F: Fn(&WorkflowRecord) -> Result<Advance, OjsError>,
     {
-        let kv = &self.inner.workflows;
+        let kv = &self.own.kv;
         let mut raced = None;
         for round in 0..MAX_CAS_ATTEMPTS {
             let current =
@@ -308,15 +248,21 @@ impl Store {
                     .happened
                     .iter()
                     .map(|h| {
-                        workflow::event(&advance.record, plan.as_ref(), h, self.event_source(), now)
+                        workflow::event(
+                            &advance.record,
+                            plan.as_ref(),
+                            h,
+                            self.store.events().source(),
+                            now,
+                        )
                     })
                     .collect();
-                self.publish_events(&events).await?;
+                self.store.events().publish(&events).await?;
             }
             let mut cancelled = 0;
             if order == Order::ActFirst && !advance.effects.is_empty() {
                 cancelled = self.carry_out(&advance.record, &advance.effects).await?;
-                self.failpoint("workflow.effects_done").await;
+                self.store.failpoint("workflow.effects_done").await;
             }
             match cas::write(
                 kv,
@@ -343,7 +289,11 @@ impl Store {
     }
 
     /// Carries out effects in order; gives how many jobs were cancelled.
-    async fn carry_out(&self, rec: &WorkflowRecord, effects: &[Effect]) -> Result<usize, OjsError> {
+    pub(super) async fn carry_out(
+        self,
+        rec: &WorkflowRecord,
+        effects: &[Effect],
+    ) -> Result<usize, OjsError> {
         let mut cancelled = 0;
         for effect in effects {
             match effect {
@@ -354,6 +304,8 @@ impl Store {
                         Results::OfMembers => Some(self.member_results(rec).await?),
                     };
                     let activated = self
+                        .store
+                        .jobs()
                         .transition(job_id, |job, now| {
                             Ok(lifecycle::activate_member(job, now, parent_results.clone()))
                         })
@@ -361,24 +313,28 @@ impl Store {
                     match activated {
                         // Results too large to pass: the job starts without them.
                         Err(err) if err.code == ErrorCode::EnvelopeTooLarge => {
-                            self.transition(job_id, |job, now| {
-                                Ok(lifecycle::activate_member(job, now, None))
-                            })
-                            .await
-                            .map(drop)
-                            .or_else(missing_is_done)?;
+                            self.store
+                                .jobs()
+                                .transition(job_id, |job, now| {
+                                    Ok(lifecycle::activate_member(job, now, None))
+                                })
+                                .await
+                                .map(drop)
+                                .or_else(missing_is_done)?;
                         }
                         other => other.map(drop).or_else(missing_is_done)?,
                     }
                 }
                 Effect::Cancel { job_id } => {
                     let settled = self
+                        .store
+                        .jobs()
                         .transition(job_id, |job, now| Ok(lifecycle::withdraw(job, now)))
                         .await;
                     match settled {
                         Ok(s) if s.after.job.state != s.before.job.state => {
                             cancelled += 1;
-                            self.release(&s).await;
+                            self.store.jobs().release(&s).await;
                         }
                         other => other.map(drop).or_else(missing_is_done)?,
                     }
@@ -386,9 +342,25 @@ impl Store {
                 Effect::Begin {
                     workflow_id,
                     results,
-                } => Box::pin(self.begin_nested(workflow_id, results.clone())).await?,
+                } => {
+                    Box::pin(
+                        self.store
+                            .leader()
+                            .store
+                            .workflows()
+                            .begin_nested(workflow_id, results.clone()),
+                    )
+                    .await?
+                }
                 Effect::CancelWorkflow { workflow_id } => {
-                    Box::pin(self.cancel_nested(workflow_id)).await?;
+                    Box::pin(
+                        self.store
+                            .leader()
+                            .store
+                            .workflows()
+                            .cancel_nested(workflow_id),
+                    )
+                    .await?;
                 }
                 Effect::Report { parent, seen } => {
                     // A nested workflow's result: its members' results, in order, after
@@ -402,7 +374,14 @@ impl Store {
                         other => other.clone(),
                     };
                     let seen = [(Slot::Member(parent.index), seen)];
-                    Box::pin(self.apply_seen(&parent.workflow_id, &seen)).await?;
+                    Box::pin(
+                        self.store
+                            .leader()
+                            .store
+                            .workflows()
+                            .apply_seen(&parent.workflow_id, &seen),
+                    )
+                    .await?;
                 }
             }
         }
@@ -411,7 +390,7 @@ impl Store {
 
     /// Every member's result in order (`null` for a nested workflow or a member without
     /// one): what a batch callback receives.
-    async fn member_results(&self, rec: &WorkflowRecord) -> Result<Value, OjsError> {
+    async fn member_results(self, rec: &WorkflowRecord) -> Result<Value, OjsError> {
         let mut results = Vec::with_capacity(rec.members());
         let ids: Vec<(usize, String)> = (0..rec.members()).map(|i| (i, rec.member_id(i))).collect();
         for chunk in ids.chunks(READS_AT_ONCE) {
@@ -420,7 +399,9 @@ impl Store {
                     return Ok(Value::Null);
                 }
                 Ok::<_, OjsError>(
-                    self.read(id, Replica::Nearest)
+                    self.store
+                        .jobs()
+                        .read(id, Replica::Nearest)
                         .await?
                         .and_then(|(r, _)| r.job.result)
                         .unwrap_or(Value::Null),
@@ -432,15 +413,45 @@ impl Store {
         }
         Ok(Value::Array(results))
     }
+
+    pub(super) async fn apply_seen(self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::apply(rec, seen, Utc::now()))
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Begins a nested workflow that waited as a later chain step.
+    pub(super) async fn begin_nested(
+        self,
+        id: &str,
+        results: Option<Vec<Value>>,
+    ) -> Result<(), OjsError> {
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::begin(rec, results.clone()))
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Cancels a nested (or abandoned) workflow, unless it already ended.
+    pub(super) async fn cancel_nested(self, id: &str) -> Result<(), OjsError> {
+        self.decide(id, Order::ActFirst, |rec| {
+            Ok(workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance::unchanged(rec)))
+        })
+        .await
+        .map(drop)
+    }
 }
 
-impl Store {
+impl Workflows<'_> {
     /// The timer that checks a workflow's creation or cancel once it should be done.
-    fn workflow_timer(&self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
+    fn workflow_timer(self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
         Timer::named(
             TimerKind::Workflow,
             id,
-            time::add(now, self.inner.workflow_grace),
+            time::add(now, self.store.inner.workflow_grace),
         )
     }
 }

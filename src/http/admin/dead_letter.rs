@@ -26,7 +26,7 @@ pub async fn list(
 ) -> Result<Response, ApiError> {
     params.insert("state".into(), JobState::Discarded.as_str().into());
     let q = ListQuery::parse(&params)?;
-    let page = state.store.list_jobs(&q).await?;
+    let page = state.store.jobs().list(&q).await?;
     Ok(respond(StatusCode::OK, &page_body(&q, page)))
 }
 

@@ -23,7 +23,7 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let q = ListQuery::parse(&params)?;
-    let page = state.store.list_jobs(&q).await?;
+    let page = state.store.jobs().list(&q).await?;
     Ok(respond(StatusCode::OK, &page_body(&q, page)))
 }
 
@@ -44,7 +44,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state.store.info(&job_id(&id)?).await?;
+    let job = state.store.jobs().info(&job_id(&id)?).await?;
     Ok(respond(StatusCode::OK, &job))
 }
 
@@ -57,13 +57,14 @@ pub async fn retry(
     let id = job_id(&id)?;
     if let Some(Err(err)) = state
         .store
+        .jobs()
         .bulk(BulkOp::Retry, std::slice::from_ref(&id))
         .await
         .pop()
     {
         return Err(err.into());
     }
-    let job = state.store.info(&id).await?;
+    let job = state.store.jobs().info(&id).await?;
     Ok(respond(StatusCode::OK, &json!({ "job": job })))
 }
 

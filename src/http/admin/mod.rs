@@ -38,7 +38,7 @@ async fn select(store: &Store, mut q: ListQuery, cap: usize) -> Result<(Vec<Job>
     let mut jobs = Vec::new();
     loop {
         q.per_page = (cap - jobs.len()).clamp(1, crate::domain::listing::MAX_PER_PAGE);
-        let page = store.list_jobs(&q).await?;
+        let page = store.jobs().list(&q).await?;
         jobs.extend(page.jobs);
         match page.next {
             Some(next) if jobs.len() < cap => q.cursor = Some(next),
@@ -75,6 +75,7 @@ async fn purge(
             .map(|job| job.id)
             .collect();
         purged += store
+            .jobs()
             .bulk(BulkOp::Delete, &ids)
             .await
             .iter()
@@ -137,7 +138,7 @@ async fn run_bulk(
             (jobs.into_iter().map(|j| j.id).collect(), more)
         }
     };
-    let results = store.bulk(op, &ids).await;
+    let results = store.jobs().bulk(op, &ids).await;
     let mut answer = bulk::admin_answer(op, &ids, &results);
     answer["more"] = json!(more);
     Ok(respond(StatusCode::OK, &answer))

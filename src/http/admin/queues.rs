@@ -27,8 +27,8 @@ use crate::store::QueueMeta;
 
 /// `GET /admin/queues`: every registered queue, one counter read each (admin spec §6.1).
 pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
-    let counts = state.store.current_queue_counts().await?;
-    let mut queues = state.store.queues();
+    let counts = state.store.stats().current_queue_counts().await?;
+    let mut queues = state.store.queues().list();
     queues.sort_by(|a, b| a.name.cmp(&b.name));
     let items: Vec<Value> = queues
         .iter()
@@ -55,14 +55,14 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let stats = state.store.queue_stats(&name).await?;
+    let stats = state.store.queues().stats(&name).await?;
     let meta = stats.meta.as_ref();
     let mut body = item(&name, meta, Some(&stats.counts));
     body["configuration"] = json!({
         "rate_limit": meta.and_then(|m| m.rate_limit).map(|r| json!({"limit": r.limit, "window_ms": r.window_ms})),
         "concurrency": meta.and_then(|m| m.concurrency),
         "priorities": meta.map(|m| m.priorities.clone()).unwrap_or_default(),
-        "backpressure": state.store.pressure(&name).await?.map(|p| backpressure_json(&p)),
+        "backpressure": state.store.queues().pressure(&name).await?.map(|p| backpressure_json(&p)),
     });
     body["dead_letter"] = json!(stats.dead);
     if let Some(at) = meta.and_then(|m| m.paused_at) {
@@ -82,10 +82,10 @@ pub async fn configure(
     validate_queue(&name)?;
     let config = queue_config::parse(&body, &name)?;
     if let Some(limits) = config.limits {
-        state.store.configure_queue(&name, limits).await?;
+        state.store.queues().configure_queue(&name, limits).await?;
     }
     if let Some(bound) = config.bound {
-        state.store.configure_bound(&name, bound).await?;
+        state.store.queues().configure_bound(&name, bound).await?;
     }
     get(State(state), Path(name)).await
 }

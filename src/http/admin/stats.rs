@@ -14,8 +14,8 @@ use crate::http::state::SharedState;
 
 pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError> {
     // Exact for what was written before the request, as a queue's statistics are.
-    state.store.wait_counted().await?;
-    let totals = state.store.cluster_totals().await?;
+    state.store.stats().wait_counted().await?;
+    let totals = state.store.stats().cluster_totals().await?;
     let now = Utc::now();
     let mut jobs = serde_json::Map::new();
     for s in JobState::ALL {
@@ -31,7 +31,7 @@ pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError>
     Ok(respond(
         StatusCode::OK,
         &json!({
-            "queues": state.store.queues().len(),
+            "queues": state.store.queues().list().len(),
             "workers": totals.workers,
             "jobs": jobs,
             "throughput": {"processed_per_minute": per_second * 60.0, "failed_per_minute": failed},

@@ -28,7 +28,7 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let (limit, offset) = paging(&params, DEFAULT_PER_PAGE, MAX_PER_PAGE)?;
-    let (census, workers) = state.store.workers(offset, limit).await?;
+    let (census, workers) = state.store.workers().list(offset, limit).await?;
     let items: Vec<Value> = workers.iter().map(|(w, stale)| item(w, *stale)).collect();
     Ok(respond(
         StatusCode::OK,
@@ -50,7 +50,7 @@ pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let worker = state.store.worker(known_worker(&id)?).await?;
+    let worker = state.store.workers().get(known_worker(&id)?).await?;
     Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
 }
 
@@ -70,7 +70,7 @@ pub async fn deregister(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = known_worker(&id)?;
-    state.store.deregister_worker(id).await?;
+    state.store.workers().deregister(id).await?;
     Ok(respond(
         StatusCode::OK,
         &json!({ "deregistered": true, "worker_id": id }),
@@ -82,7 +82,7 @@ async fn direct(
     Path(id): Path<String>,
     to: WorkerState,
 ) -> Result<Response, ApiError> {
-    let worker = state.store.direct_worker(known_worker(&id)?, to).await?;
+    let worker = state.store.workers().direct(known_worker(&id)?, to).await?;
     Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
 }
 

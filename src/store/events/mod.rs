@@ -4,24 +4,38 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
-use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use futures::StreamExt;
 use tracing::warn;
 
-use super::error::backend;
-use super::records::{REMOVED_QUEUE, REMOVED_STATE};
-use super::topology::Topology;
-use super::Store;
+mod handled;
+
+pub(super) use handled::HandledWrites;
+
 use crate::domain::error::OjsError;
 use crate::domain::event::Event;
-use crate::domain::job::JobRecord;
-use crate::domain::state::JobState;
+use crate::store::error::backend;
+use crate::store::Store;
+
+/// The events resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Events<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the events resource owns.
+pub(super) struct Owned {
+    /// The events stream, for queries.
+    pub(super) stream: async_nats::jetstream::stream::Stream,
+    /// How far the event publisher has handled job writes, for the trails of new writes.
+    pub(super) handled: handled::HandledWrites,
+}
 
 /// Events read at most per query, so a selective filter cannot make one request scan the
 /// whole stream; the cursor continues where the scan stopped.
 const SCAN_LIMIT: usize = 10_000;
-const BATCH: usize = 256;
+pub(super) const BATCH: usize = 256;
 
 /// Filters of the events endpoint. Empty lists match everything.
 #[derive(Debug, Clone, Default)]
@@ -57,10 +71,10 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-impl Store {
+impl<'a> Events<'a> {
     /// Event `source` of this gateway.
-    pub fn event_source(&self) -> &str {
-        &self.inner.source
+    pub fn source(self) -> &'a str {
+        &self.store.inner.source
     }
 
     /// Publishes events in order, waiting for every acknowledgement. Event ids are the
@@ -69,34 +83,35 @@ impl Store {
     ///
     /// # Errors
     /// When a publish is not acknowledged.
-    pub async fn publish_events(&self, events: &[Event]) -> Result<(), OjsError> {
+    pub async fn publish(self, events: &[Event]) -> Result<(), OjsError> {
         let mut sent = Vec::with_capacity(events.len());
         for event in events {
             let body = serde_json::to_vec(event).expect("events serialize");
             let message = PublishMessage::build()
                 .payload(body.into())
                 .message_id(&event.id);
-            let subject = self.inner.topology.event_subject(&event.event_type);
+            let subject = self.store.inner.topology.event_subject(&event.event_type);
             sent.push(
-                self.send(subject.into(), message, "publishing an event")
+                self.store
+                    .send(subject.into(), message, "publishing an event")
                     .await?,
             );
         }
-        self.all_stored(sent).await
+        self.store.all_stored(sent).await
     }
 
     /// A page of events matching `q`, oldest first.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn query_events(&self, q: &EventQuery) -> Result<EventPage, OjsError> {
+    pub async fn query(self, q: &EventQuery) -> Result<EventPage, OjsError> {
         let filter_subject = match q.types.as_slice() {
-            [only] => self.inner.topology.event_subject(only),
+            [only] => self.store.inner.topology.event_subject(only),
             _ => String::new(),
         };
         let consumer: PullConsumer = self
-            .inner
-            .events
+            .own
+            .stream
             .create_consumer(pull::Config {
                 deliver_policy: match q.after {
                     Some(seq) => DeliverPolicy::ByStartSequence {
@@ -148,7 +163,7 @@ impl Store {
             }
         }
         let name = consumer.cached_info().name.clone();
-        let events = self.inner.events.clone();
+        let events = self.own.stream.clone();
         tokio::spawn(async move {
             let _ = events.delete_consumer(&name).await;
         });
@@ -161,12 +176,12 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn follow_events(
-        &self,
+    pub async fn follow(
+        self,
         from: FollowFrom,
         only_type: Option<&str>,
     ) -> Result<EventFeed, OjsError> {
-        let mut stream = self.inner.events.clone();
+        let mut stream = self.own.stream.clone();
         let state = stream
             .info()
             .await
@@ -186,7 +201,7 @@ impl Store {
                     FollowFrom::After(_) | FollowFrom::Now => DeliverPolicy::New,
                 },
                 filter_subject: only_type
-                    .map(|t| self.inner.topology.event_subject(t))
+                    .map(|t| self.store.inner.topology.event_subject(t))
                     .unwrap_or_default(),
                 ack_policy: AckPolicy::None,
                 inactive_threshold: Duration::from_secs(10),
@@ -225,7 +240,7 @@ pub enum FollowFrom {
     After(u64),
 }
 
-/// Events as they are stored, for one live stream (`Store::follow_events`): a consumer of
+/// Events as they are stored, for one live stream (`Events::follow`): a consumer of
 /// this stream alone, so a slow reader holds up nobody but itself.
 pub struct EventFeed {
     messages: pull::Stream,
@@ -256,175 +271,6 @@ impl EventFeed {
             if let Ok(event) = serde_json::from_str::<Event>(stored) {
                 return Some((sequence, event, stored.to_owned()));
             }
-        }
-    }
-}
-
-/// The feed of job-record writes, in bucket order, for the event publisher. Each write is
-/// acknowledged only after its events are stored, so none is skipped across a crash.
-pub struct JobWrites {
-    messages: futures::stream::BoxStream<
-        'static,
-        Vec<
-            Result<
-                async_nats::jetstream::Message,
-                async_nats::jetstream::consumer::pull::MessagesError,
-            >,
-        >,
-    >,
-    /// The feed delivers the writes after this revision (the acknowledged floor when it
-    /// opened); what came before, this publisher never saw.
-    pub starts_after: u64,
-}
-
-/// One write of a job record: the job id, the record (absent for deletions) and its
-/// revision (the write's sequence in the jobs stream).
-pub struct JobWrite {
-    pub id: String,
-    pub record: Option<JobRecord>,
-    /// A put whose value is no job record (written by something else, or by a newer build).
-    pub unreadable: bool,
-    /// For a removal marker of `Store::remove_record`: the queue and state of the record it
-    /// removed.
-    pub removed: Option<(String, JobState)>,
-    pub revision: u64,
-    msg: async_nats::jetstream::Message,
-}
-
-impl Store {
-    /// Opens the job-write feed of the leadership `term`; reopened within the term, it
-    /// continues where it was.
-    ///
-    /// # Errors
-    /// When NATS fails, or a later leadership has taken over.
-    pub async fn job_writes(&self, term: u64) -> Result<JobWrites, OjsError> {
-        let stream = &self.inner.jobs.stream;
-        let name = self.inner.topology.event_publisher_consumer(term);
-        let (consumer, starts_after): (PullConsumer, u64) = match stream.consumer_info(&name).await
-        {
-            Ok(info) => (
-                stream
-                    .get_consumer(&name)
-                    .await
-                    .map_err(backend("opening the job-write feed"))?,
-                info.ack_floor.stream_sequence,
-            ),
-            Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
-                self.take_over_job_writes(term).await?
-            }
-            Err(err) => return Err(backend("opening the job-write feed")(err)),
-        };
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(backend("reading the job-write feed"))?;
-        Ok(JobWrites {
-            messages: messages.ready_chunks(BATCH).boxed(),
-            starts_after,
-        })
-    }
-
-    /// Creates the consumer of leadership `term`, starting after the last write the latest
-    /// earlier leadership acknowledged (returned with it), then deletes the earlier leaderships' consumers: a
-    /// replica still acting as leader after losing the lease (a long pause) can then no
-    /// longer read on, nor acknowledge writes this leadership has not handled (architecture
-    /// §3.4). What that replica acknowledges between the floor read here and the delete is
-    /// read again here: events twice (dropped as duplicates), never none.
-    async fn take_over_job_writes(&self, term: u64) -> Result<(PullConsumer, u64), OjsError> {
-        let stream = &self.inner.jobs.stream;
-        let mut earlier = Vec::new();
-        let mut names = stream.consumer_names();
-        while let Some(name) = names.next().await {
-            let name = name.map_err(backend("listing the job-write feeds"))?;
-            match Topology::event_publisher_term(&name) {
-                Some(t) if t > term => {
-                    return Err(OjsError::backend(
-                        "A later leadership publishes the events; this one stands down.",
-                    ))
-                }
-                Some(t) if t < term => earlier.push((t, name)),
-                _ => {}
-            }
-        }
-        let floor = match earlier.iter().max() {
-            Some((_, latest)) => {
-                stream
-                    .consumer_info(latest)
-                    .await
-                    .map_err(backend("reading the event publisher's progress"))?
-                    .ack_floor
-                    .stream_sequence
-            }
-            None => 0,
-        };
-        let consumer = stream
-            .create_consumer(self.inner.topology.event_publisher_config(term, floor))
-            .await
-            .map_err(backend("creating the job-write feed"))?;
-        for (_, name) in earlier {
-            if let Err(err) = stream.delete_consumer(&name).await {
-                warn!(consumer = %name, error = %err, "could not delete an earlier leadership's job-write feed");
-            }
-        }
-        Ok((consumer, floor))
-    }
-}
-
-impl JobWrites {
-    /// The writes that are ready now (at least one; waits for it). `None` when the feed ended.
-    pub async fn next_batch(&mut self) -> Option<Vec<JobWrite>> {
-        let chunk = self.messages.next().await?;
-        Some(
-            chunk
-                .into_iter()
-                .filter_map(|m| match m {
-                    Ok(msg) => Some(msg),
-                    Err(err) => {
-                        warn!(error = %err, "job-write feed error");
-                        None
-                    }
-                })
-                .filter_map(|msg| {
-                    let revision = msg.info().ok()?.stream_sequence;
-                    // `$KV.<bucket>.<job id>`
-                    let id = msg.subject.splitn(3, '.').nth(2)?.to_string();
-                    let is_put = msg
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get("KV-Operation"))
-                        .is_none();
-                    let record = is_put.then(|| serde_json::from_slice(&msg.payload).ok());
-                    let removed = msg.headers.as_ref().and_then(|h| {
-                        let queue = h.get(REMOVED_QUEUE)?.as_str().to_owned();
-                        Some((queue, JobState::parse(h.get(REMOVED_STATE)?.as_str())?))
-                    });
-                    Some(JobWrite {
-                        id,
-                        unreadable: record.as_ref().is_some_and(Option::is_none),
-                        removed,
-                        record: record.flatten(),
-                        revision,
-                        msg,
-                    })
-                })
-                .collect(),
-        )
-    }
-}
-
-impl JobWrite {
-    /// Only what acknowledging it needs, for holding it while later writes are handled.
-    pub fn into_ack_only(mut self) -> JobWrite {
-        self.record = None;
-        self.msg.message.payload = Default::default();
-        self.msg.message.headers = None;
-        self
-    }
-
-    /// Marks this write and every earlier one as handled.
-    pub async fn done_through(&self) {
-        if let Err(err) = self.msg.ack().await {
-            warn!(error = %err, "could not acknowledge a job write");
         }
     }
 }

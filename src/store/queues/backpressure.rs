@@ -8,15 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
 
-use super::cas::Replica;
-use super::deadline::{by_deadline, out_of_time};
-use super::error::{already_deleted, backend};
-use super::{ensure_stream, Store};
+use super::Queues;
 use crate::domain::backpressure::{self, Bound, BoundChange, Overflow};
 use crate::domain::envelope::parse_job_id;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -25,6 +21,9 @@ use crate::domain::job::JobRecord;
 use crate::domain::lifecycle;
 use crate::domain::listing::ListQuery;
 use crate::domain::state::JobState;
+use crate::store::cas::Replica;
+use crate::store::deadline::{by_deadline, out_of_time};
+use crate::store::ensure_stream;
 
 /// How long a PUSH's read of a queue's depth serves the next ones (the pressure headers).
 const DEPTH_TTL: Duration = Duration::from_millis(250);
@@ -37,7 +36,7 @@ const DROP_ROUNDS: usize = 3;
 const SWEEP_AT_ONCE: usize = 64;
 
 /// A depth token a PUSH took.
-pub(super) struct Token {
+pub(in crate::store) struct Token {
     queue: String,
     sequence: u64,
     /// The job it was taken for.
@@ -54,9 +53,11 @@ pub struct Pressure {
 
 /// Each queue's depth as this gateway last read it, and when.
 #[derive(Default)]
-pub(super) struct DepthCache(std::sync::Mutex<HashMap<String, (Instant, u64)>>);
+pub(in crate::store) struct DepthCache(
+    pub(in crate::store) std::sync::Mutex<HashMap<String, (Instant, u64)>>,
+);
 
-impl Store {
+impl Queues<'_> {
     /// An operator's bound for `queue` (backpressure spec §6.2): its depth stream created or
     /// its limit changed first, then the registry entry every replica's PUSH follows.
     /// Unbounding keeps the stream: the tokens of jobs taken under the bound are still
@@ -65,20 +66,21 @@ impl Store {
     ///
     /// # Errors
     /// 400 past `max_queues`; `backend_error` when NATS fails.
-    pub async fn configure_bound(&self, queue: &str, change: BoundChange) -> Result<(), OjsError> {
-        self.inner.queues.admit_new(queue)?;
+    pub async fn configure_bound(self, queue: &str, change: BoundChange) -> Result<(), OjsError> {
+        self.own.registry.admit_new(queue)?;
         let bound = match change {
             BoundChange::Set(bound) => {
                 let config = self
+                    .store
                     .inner
                     .topology
                     .depth_stream_config(queue, bound.max_depth);
-                ensure_stream(&self.inner.js, config).await?;
+                ensure_stream(&self.store.inner.js, config).await?;
                 Some(bound)
             }
             BoundChange::Remove => None,
         };
-        self.inner.queues.set_bound(queue, bound, Utc::now()).await
+        self.own.registry.set_bound(queue, bound, Utc::now()).await
     }
 
     /// PUSH: one token per job of a bounded queue, each record naming its token, all or
@@ -90,15 +92,15 @@ impl Store {
     ///
     /// # Errors
     /// 429 `queue_full`; `backend_error` when NATS fails.
-    pub(super) async fn take_depth_tokens(
-        &self,
+    pub(in crate::store) async fn take_depth_tokens(
+        self,
         records: &mut [JobRecord],
         block: Duration,
     ) -> Result<Vec<Token>, OjsError> {
         let queues: BTreeSet<&str> = records.iter().map(|r| r.job.queue.as_str()).collect();
         let bounds: BTreeMap<String, Bound> = queues
             .into_iter()
-            .filter_map(|q| Some((q.to_owned(), self.inner.queues.bound(q)?)))
+            .filter_map(|q| Some((q.to_owned(), self.own.registry.bound(q)?)))
             .collect();
         if bounds.is_empty() {
             return Ok(Vec::new());
@@ -113,14 +115,14 @@ impl Store {
         let until = Instant::now() + block;
         let mut round = 0;
         loop {
-            let topology = &self.inner.topology;
+            let topology = &self.store.inner.topology;
             let (indices, tokens): (Vec<usize>, Vec<_>) = records
                 .iter()
                 .enumerate()
                 .filter_map(|(index, rec)| {
                     let queue = rec.job.queue.as_str();
                     let max_depth = bounds.get(queue)?.max_depth;
-                    let token = self.take_token(
+                    let token = self.store.take_token(
                         topology.depth_subject(queue),
                         bytes::Bytes::from(rec.job.id.clone()),
                         move || topology.depth_stream_config(queue, max_depth),
@@ -186,8 +188,13 @@ impl Store {
 
     /// The refusal of a PUSH by `queue`'s bound: its depth now, `backpressure.rejected`
     /// published (best effort), 429 `queue_full`.
-    async fn refuse(&self, queue: &str, bound: &Bound, records: &[JobRecord]) -> OjsError {
-        let depth = self.depth_now(queue).await.unwrap_or(bound.max_depth);
+    async fn refuse(self, queue: &str, bound: &Bound, records: &[JobRecord]) -> OjsError {
+        let depth = self
+            .store
+            .leader()
+            .depth_now(queue)
+            .await
+            .unwrap_or(bound.max_depth);
         let job_type = records
             .iter()
             .find(|r| r.job.queue == queue)
@@ -197,9 +204,9 @@ impl Store {
             bound.event_data(queue, depth, job_type),
             uuid::Uuid::now_v7(),
             Utc::now(),
-            &self.inner.source,
+            &self.store.inner.source,
         );
-        if let Err(err) = self.publish_events(&[event]).await {
+        if let Err(err) = self.store.events().publish(&[event]).await {
             warn!(queue, error = %err, "could not announce a refused PUSH");
         }
         bound.full(queue, depth)
@@ -212,7 +219,7 @@ impl Store {
     /// # Errors
     /// When NATS fails.
     async fn wait_for_room(
-        &self,
+        self,
         queue: &str,
         needed: usize,
         until: Instant,
@@ -239,11 +246,11 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    async fn drop_oldest(&self, queue: &str, wanted: usize) -> Result<usize, OjsError> {
+    async fn drop_oldest(self, queue: &str, wanted: usize) -> Result<usize, OjsError> {
         let mut query = ListQuery::of(Some(queue.to_owned()), Some(JobState::Available), None);
         let mut oldest = Vec::with_capacity(wanted);
         while oldest.len() < wanted {
-            let page = self.list_jobs(&query).await?;
+            let page = self.store.jobs().list(&query).await?;
             oldest.extend(
                 page.jobs
                     .into_iter()
@@ -262,6 +269,8 @@ impl Store {
         let mut freed = Vec::new();
         for id in &oldest {
             let settled = self
+                .store
+                .jobs()
                 .transition(id, |rec, now| lifecycle::drop_overflow(rec, now).map(Some))
                 .await;
             match settled {
@@ -273,15 +282,15 @@ impl Store {
                 Err(err) => return Err(err),
             }
         }
-        self.delete_depth_tokens(freed).await?;
+        self.store.leader().delete_depth_tokens(freed).await?;
         Ok(dropped)
     }
 
     /// Gives back the tokens of a PUSH that was refused. Best effort, by the deadline: a
     /// token left behind is freed by the leader's sweep.
-    pub(super) async fn give_back_depth_tokens(&self, taken: &[Token]) {
+    pub(in crate::store) async fn give_back_depth_tokens(self, taken: &[Token]) {
         let freed = taken.iter().map(|t| (t.queue.as_str(), t.sequence));
-        let given = by_deadline(self.delete_depth_tokens(freed)).await;
+        let given = by_deadline(self.store.leader().delete_depth_tokens(freed)).await;
         if let Err(err) = given.unwrap_or_else(|| Err(out_of_time("giving back places"))) {
             warn!(error = %err, "could not give back a refused PUSH's places; the leader's sweep will");
         }
@@ -291,7 +300,7 @@ impl Store {
     /// job exists after all (a write that landed though its answer was lost, a committed
     /// batch whose messages the repair will publish). Best effort by the deadline, like the
     /// give-back.
-    pub(super) async fn give_back_unheld(&self, taken: &[Token]) {
+    pub(in crate::store) async fn give_back_unheld(self, taken: &[Token]) {
         let giving = async {
             let tokens = taken.iter().map(|t| (t.id.as_str(), t.sequence));
             match self.unheld(tokens).await {
@@ -299,7 +308,7 @@ impl Store {
                     let freed = unheld
                         .into_iter()
                         .map(|i| (taken[i].queue.as_str(), taken[i].sequence));
-                    if let Err(err) = self.delete_depth_tokens(freed).await {
+                    if let Err(err) = self.store.leader().delete_depth_tokens(freed).await {
                         warn!(error = %err, "could not give back a failed PUSH's places; the leader's sweep will");
                     }
                 }
@@ -318,8 +327,8 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    async fn unheld<'a>(
-        &self,
+    pub(in crate::store) async fn unheld<'a>(
+        self,
         tokens: impl Iterator<Item = (&'a str, u64)>,
     ) -> Result<Vec<usize>, OjsError> {
         let tokens: Vec<(&str, u64)> = tokens.collect();
@@ -328,7 +337,7 @@ impl Store {
             // A body that is no job id (not written by a PUSH) names no job.
             let reads = some.iter().map(|(id, _)| async move {
                 match parse_job_id(id) {
-                    Some(id) => self.read(&id, Replica::Leader).await,
+                    Some(id) => self.store.jobs().read(&id, Replica::Leader).await,
                     None => Ok(None),
                 }
             });
@@ -342,49 +351,17 @@ impl Store {
         Ok(unheld)
     }
 
-    /// Deletes the tokens `(queue, sequence)`, concurrently; one deleted already (by the
-    /// sweep, or an earlier try whose answer was lost) counts as deleted.
-    ///
-    /// # Errors
-    /// When NATS fails; repeating it is harmless.
-    pub async fn delete_depth_tokens<'a>(
-        &self,
-        tokens: impl IntoIterator<Item = (&'a str, u64)>,
-    ) -> Result<(), OjsError> {
-        let doing = "freeing a place in a bounded queue";
-        let deletes = tokens.into_iter().map(|(queue, sequence)| async move {
-            let stream = self
-                .inner
-                .js
-                .get_stream_no_info(self.inner.topology.depth_stream(queue))
-                .await
-                .map_err(backend(doing))?;
-            match stream.delete_message(sequence).await {
-                Ok(_) => Ok(()),
-                Err(err) if already_deleted(&err) => Ok(()),
-                // Refused for another reason: repeating it would hold up the event
-                // publisher for good; the token stays until a sweep of a later leadership.
-                Err(err) if matches!(err.kind(), DeleteMessageErrorKind::JetStream(_)) => {
-                    warn!(queue, sequence, error = %err, "NATS refused to free a place in a bounded queue");
-                    Ok(())
-                }
-                Err(err) => Err(backend(doing)(err)),
-            }
-        });
-        join_all(deletes).await.into_iter().collect()
-    }
-
     /// How full `queue` is, when it is bounded: its depth read at most `DEPTH_TTL` ago, plus
     /// the tokens this gateway took since.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn pressure(&self, queue: &str) -> Result<Option<Pressure>, OjsError> {
-        let Some(bound) = self.inner.queues.bound(queue) else {
+    pub async fn pressure(self, queue: &str) -> Result<Option<Pressure>, OjsError> {
+        let Some(bound) = self.own.registry.bound(queue) else {
             return Ok(None);
         };
         let cached = self
-            .inner
+            .own
             .depths
             .0
             .lock()
@@ -393,7 +370,7 @@ impl Store {
             .copied();
         let depth = match cached {
             Some((read, depth)) if read.elapsed() < DEPTH_TTL => depth,
-            _ => self.depth_now(queue).await?,
+            _ => self.store.leader().depth_now(queue).await?,
         };
         Ok(Some(Pressure {
             queue: queue.to_owned(),
@@ -404,84 +381,12 @@ impl Store {
 
     /// Adds a PUSH's own tokens to the depths this gateway read last, so its next answers'
     /// pressure headers count them before the next read.
-    fn count_taken(&self, taken: &[Token]) {
-        let mut depths = self.inner.depths.0.lock().expect("depth cache lock");
+    fn count_taken(self, taken: &[Token]) {
+        let mut depths = self.own.depths.0.lock().expect("depth cache lock");
         for token in taken {
             if let Some((_, depth)) = depths.get_mut(&token.queue) {
                 *depth += 1;
             }
         }
-    }
-
-    /// `queue`'s depth now: the tokens in its depth stream (one stream info).
-    ///
-    /// # Errors
-    /// When NATS fails.
-    pub async fn depth_now(&self, queue: &str) -> Result<u64, OjsError> {
-        let stream = self
-            .inner
-            .js
-            .get_stream(self.inner.topology.depth_stream(queue))
-            .await
-            .map_err(backend("reading the depth of a bounded queue"))?;
-        let depth = stream.cached_info().state.messages;
-        self.inner
-            .depths
-            .0
-            .lock()
-            .expect("depth cache lock")
-            .insert(queue.to_owned(), (Instant::now(), depth));
-        Ok(depth)
-    }
-
-    /// Every bounded queue with its bound, as this replica knows them.
-    pub fn bounded_queues(&self) -> Vec<(String, Bound)> {
-        self.inner.queues.bounded()
-    }
-
-    /// How old a token must be before the sweep may free it: older than any PUSH still
-    /// between its tokens and its records (a batch may take `batch_grace_ms`).
-    pub fn token_grace(&self) -> Duration {
-        self.inner.batch_grace + 2 * self.inner.nats_timeout
-    }
-
-    /// Leader: looks at `queue`'s tokens from sequence `from` on, at most `max` of them and
-    /// only those older than `grace`, and deletes each whose job does not hold it (a PUSH
-    /// that died between its tokens and its records, a refused one whose give-back was
-    /// lost). A token held when looked at stays held until its job finishes, so each is
-    /// looked at once: the answer is where the next look starts, and how many were freed.
-    ///
-    /// # Errors
-    /// When NATS fails; the next sweep repeats it.
-    pub async fn sweep_depth_tokens(
-        &self,
-        queue: &str,
-        from: u64,
-        grace: Duration,
-        max: usize,
-    ) -> Result<(u64, usize), OjsError> {
-        let stream = self.inner.topology.depth_stream(queue);
-        let tokens = self.read_stream_from(&stream, None, from, max).await?;
-        let now_ms = Utc::now().timestamp_millis();
-        let old: Vec<_> = tokens
-            .into_iter()
-            .take_while(|t| now_ms - t.published_ms >= grace.as_millis() as i64)
-            .collect();
-        let next = old.last().map_or(from, |t| t.sequence + 1);
-        let ids = old.iter().map(|t| {
-            (
-                std::str::from_utf8(&t.payload).unwrap_or_default(),
-                t.sequence,
-            )
-        });
-        let leaked: Vec<(&str, u64)> = self
-            .unheld(ids)
-            .await?
-            .into_iter()
-            .map(|i| (queue, old[i].sequence))
-            .collect();
-        let freed = leaked.len();
-        self.delete_depth_tokens(leaked).await?;
-        Ok((next, freed))
     }
 }

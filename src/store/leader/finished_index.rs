@@ -8,23 +8,24 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream::Stream};
 use futures::future::join_all;
 
-use super::error::backend;
-use super::{ensure_stream, Store};
+use super::Leader;
 use crate::domain::error::OjsError;
 use crate::domain::listing::IndexMove;
 use crate::domain::state::JobState;
+use crate::store::ensure_stream;
+use crate::store::error::backend;
 use crate::store::topology::Topology;
 
 /// The states indexed here (`domain::listing::indexed`).
-pub(super) const FINISHED_STATES: [JobState; 3] =
+pub(in crate::store) const FINISHED_STATES: [JobState; 3] =
     [JobState::Pending, JobState::Completed, JobState::Cancelled];
 
-pub(super) struct FinishedIndex {
+pub(in crate::store) struct FinishedIndex {
     streams: Vec<(JobState, Stream)>,
 }
 
 impl FinishedIndex {
-    pub(super) async fn ensure(
+    pub(in crate::store) async fn ensure(
         js: &jetstream::Context,
         topology: &Topology,
     ) -> Result<FinishedIndex, OjsError> {
@@ -45,21 +46,22 @@ impl FinishedIndex {
     }
 }
 
-impl Store {
+impl Leader<'_> {
     /// Applies a batch's index moves: every entry published (acknowledgements awaited
     /// together), then every left entry purged, all at once. Idempotent, so a replayed
     /// batch repeats it harmlessly.
     ///
     /// # Errors
     /// When NATS fails; the batch is then retried.
-    pub async fn index_jobs(&self, moves: &[IndexMove]) -> Result<(), OjsError> {
-        let t = &self.inner.topology;
+    pub async fn index_jobs(self, moves: &[IndexMove]) -> Result<(), OjsError> {
+        let t = &self.store.inner.topology;
         let mut acks = Vec::new();
         for m in moves {
             if let Some(state) = m.enter {
                 let subject = t.finished_subject(state, &m.queue, &m.id);
                 acks.push(
-                    self.inner
+                    self.store
+                        .inner
                         .js
                         .publish(subject, bytes::Bytes::new())
                         .await
@@ -74,7 +76,8 @@ impl Store {
                 // that the event publisher never waits for an operator.
                 Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
                     for state in FINISHED_STATES {
-                        ensure_stream(&self.inner.js, t.finished_stream_config(state)).await?;
+                        ensure_stream(&self.store.inner.js, t.finished_stream_config(state))
+                            .await?;
                     }
                     return Err(backend("indexing a job")(err));
                 }
@@ -83,7 +86,7 @@ impl Store {
         }
         let purges = moves.iter().flat_map(|m| {
             m.leave.iter().filter_map(|state| {
-                let stream = self.inner.finished.stream(*state)?;
+                let stream = self.own.finished.stream(*state)?;
                 Some(
                     stream
                         .purge()

@@ -9,44 +9,41 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::StreamExt;
 use serde_json::json;
 use tracing::warn;
 
-use super::cas::{self, Cas, Replica};
-use super::deadline::by_deadline;
-use super::Store;
+use super::Jobs;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::state::JobState;
 use crate::domain::unique::{self, Holder, Lock, LockStep, OnConflict, UniquePolicy};
+use crate::store::cas::{self, Cas, Replica};
+use crate::store::deadline::by_deadline;
 
 /// How long a lock whose job does not exist yet holds its key: its enqueue may still be
 /// writing the job (a PUSH makes a handful of NATS calls, each up to `nats_timeout_ms`).
 /// A gateway killed mid-enqueue blocks the key this long at most, and never past the
 /// policy's `period`.
-pub(super) const LOCK_GRACE: Duration = Duration::from_secs(30);
+pub(in crate::store) const LOCK_GRACE: Duration = Duration::from_secs(30);
 /// Pauses while another enqueue of the key is on its way (1 + 2 + … + 256 ms).
 const WAIT_ROUNDS: u32 = 9;
-/// Locks the leader releases side by side (a batch of writes may end many unique jobs).
-const RELEASES_AT_ONCE: usize = 64;
 
 /// A lock this PUSH holds: its key and job, and whether this PUSH wrote it (a client's
 /// retry finds its own lock in place: that one is not given back on a refusal).
-pub(super) struct Taken {
+pub(in crate::store) struct Taken {
     key: String,
     job_id: String,
     fresh: bool,
 }
 
 /// What taking a job's lock came to.
-pub(super) enum Locked {
+pub(in crate::store) enum Locked {
     Taken(Taken),
     /// `ignore` met a job holding the key: this is it, and nothing is enqueued.
     Existing(Box<Job>),
 }
 
-impl Store {
+impl Jobs<'_> {
     /// Takes the uniqueness lock of each job that has a `unique` policy, in order, before
     /// anything of the PUSH is written. A job whose key is held is refused with 409
     /// `duplicate` naming the holder (`reject`; also `ignore` in a batch), cancels the
@@ -56,8 +53,8 @@ impl Store {
     ///
     /// # Errors
     /// 409 `duplicate`; `backend_error` when NATS fails.
-    pub(super) async fn take_unique_locks(
-        &self,
+    pub(in crate::store) async fn take_unique_locks(
+        self,
         records: &mut [JobRecord],
     ) -> Result<Result<Vec<Taken>, Box<Job>>, OjsError> {
         let single = records.len() == 1;
@@ -90,13 +87,13 @@ impl Store {
     }
 
     async fn take_lock(
-        &self,
+        self,
         policy: &UniquePolicy,
         key: String,
         rec: &mut JobRecord,
         single: bool,
     ) -> Result<Locked, OjsError> {
-        let kv = &self.inner.unique;
+        let kv = &self.own.unique;
         let mine = serde_json::to_vec(&Lock {
             job_id: rec.job.id.clone(),
             at: Utc::now(),
@@ -181,7 +178,7 @@ impl Store {
     /// What `on_conflict` does with `held`, the job holding the key: `Some(job)` to answer
     /// with it (`ignore`), `None` once the key may be taken over (`replace`).
     async fn on_conflict(
-        &self,
+        self,
         policy: &UniquePolicy,
         key: &str,
         held: JobRecord,
@@ -214,7 +211,7 @@ impl Store {
     /// Gives back the locks a refused PUSH wrote (each only while it still names its
     /// job), but those of `kept` jobs, which run. By the deadline: a lock left behind is
     /// taken over by the next enqueue of its key, which finds no job holding it.
-    pub(super) async fn release_taken(&self, taken: &[Taken]) {
+    pub(in crate::store) async fn release_taken(self, taken: &[Taken]) {
         let releasing = async {
             for t in taken.iter().filter(|t| t.fresh) {
                 self.release_lock(&t.key, &t.job_id).await;
@@ -225,19 +222,8 @@ impl Store {
         }
     }
 
-    /// Leader: removes the locks of unique jobs whose last write ended them (a final state
-    /// outside their policy's `states`), each only while it still names its job. A lock
-    /// left behind is harmless: the next enqueue of its key reads the job and takes it over.
-    pub async fn release_unique_locks(&self, ended: &[(String, String)]) {
-        futures::stream::iter(ended)
-            .for_each_concurrent(RELEASES_AT_ONCE, |(key, job_id)| {
-                self.release_lock(key, job_id)
-            })
-            .await;
-    }
-
-    async fn release_lock(&self, key: &str, job_id: &str) {
-        let kv = &self.inner.unique;
+    pub(in crate::store) async fn release_lock(self, key: &str, job_id: &str) {
+        let kv = &self.own.unique;
         let current = match cas::read::<Lock>(kv, key, Replica::Nearest, "unique lock").await {
             Ok(c) => c,
             Err(err) => {

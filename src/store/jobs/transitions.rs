@@ -6,21 +6,21 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::warn;
 
-use super::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use super::records::Settled;
-use super::Store;
+use super::Jobs;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle::{self, Failure};
 use crate::domain::state::JobState;
+use crate::store::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 
-impl Store {
+impl Jobs<'_> {
     /// ACK (core §7.3).
     ///
     /// # Errors
     /// 404 unknown job; 409 when it is not active or held by another worker.
     pub async fn ack(
-        &self,
+        self,
         id: &str,
         worker_id: Option<&str>,
         result: Option<Value>,
@@ -39,7 +39,7 @@ impl Store {
     /// # Errors
     /// 404 unknown job; 409 when it is not active or held by another worker.
     pub async fn fail(
-        &self,
+        self,
         id: &str,
         worker_id: Option<&str>,
         failure: &Failure,
@@ -59,7 +59,7 @@ impl Store {
     ///
     /// # Errors
     /// 404 unknown job; 409 for a completed or discarded job.
-    pub async fn cancel(&self, id: &str) -> Result<Settled, OjsError> {
+    pub async fn cancel(self, id: &str) -> Result<Settled, OjsError> {
         let settled = self.transition(id, lifecycle::cancel).await?;
         self.release(&settled).await;
         Ok(settled)
@@ -69,7 +69,7 @@ impl Store {
     ///
     /// # Errors
     /// 404 unknown job; 409 when it is not pending.
-    pub async fn activate(&self, id: &str) -> Result<Job, OjsError> {
+    pub async fn activate(self, id: &str) -> Result<Job, OjsError> {
         let settled = self
             .transition(id, |rec, now| {
                 if rec.job.workflow_id.is_some() {
@@ -89,7 +89,11 @@ impl Store {
     /// Reads, decides with `decide`, stores what the decision needs first (`prepare`),
     /// writes with a revision check, and retries the whole decision when another writer came
     /// first.
-    pub(super) async fn transition<F>(&self, id: &str, decide: F) -> Result<Settled, OjsError>
+    pub(in crate::store) async fn transition<F>(
+        self,
+        id: &str,
+        decide: F,
+    ) -> Result<Settled, OjsError>
     where
         F: Fn(&JobRecord, DateTime<Utc>) -> Result<Option<JobRecord>, OjsError>,
     {
@@ -98,8 +102,8 @@ impl Store {
 
     /// `transition`, whose first try uses `ahead` (a record and its revision read earlier)
     /// if given, else the record this gateway wrote last (`recent.rs`), instead of a read.
-    pub(super) async fn transition_from<F>(
-        &self,
+    pub(in crate::store) async fn transition_from<F>(
+        self,
         id: &str,
         mut ahead: Option<(JobRecord, u64)>,
         decide: F,
@@ -111,7 +115,7 @@ impl Store {
         let mut confirming = false;
         for attempt in 0..MAX_CAS_ATTEMPTS {
             let guess = (attempt == 0)
-                .then(|| ahead.take().or_else(|| self.inner.recent.take(id)))
+                .then(|| ahead.take().or_else(|| self.own.recent.take(id)))
                 .flatten();
             let guessed = guess.is_some();
             let from = Replica::after(raced.is_some() || confirming);
@@ -142,12 +146,12 @@ impl Store {
                 Err(err) => return Err(err),
             };
             self.prepare(&before, &mut after).await?;
-            self.failpoint("transition.prepared").await;
+            self.store.failpoint("transition.prepared").await;
             match self.write(id, &before, &mut after, revision).await? {
                 Cas::Written(written) => {
-                    self.failpoint("transition.written").await;
+                    self.store.failpoint("transition.written").await;
                     if after.job.state == JobState::Active {
-                        self.inner.recent.remember(id, after.clone(), written);
+                        self.own.recent.remember(id, after.clone(), written);
                     }
                     return Ok(Settled { before, after });
                 }
@@ -165,13 +169,13 @@ impl Store {
     /// whichever replica runs this. Best effort: a lost ack only means JetStream redelivers
     /// the message later, and FETCH drops it as spent; a place left taken is freed by the
     /// leader's sweep.
-    pub(super) async fn release(&self, settled: &Settled) {
+    pub(in crate::store) async fn release(self, settled: &Settled) {
         self.let_go(settled, "+ACK").await;
     }
 
     /// `release`, settling the message with `reply` (`+ACK`: spent; `-NAK`: deliver it
     /// again, for a job available again under the same dispatch).
-    pub(super) async fn let_go(&self, settled: &Settled, reply: &'static str) {
+    pub(in crate::store) async fn let_go(self, settled: &Settled, reply: &'static str) {
         let Some(holder) = &settled.before.holder else {
             return;
         };
@@ -179,10 +183,13 @@ impl Store {
             return;
         }
         if let Some(sequence) = holder.slot {
-            self.give_back_slot(&settled.after.job.queue, sequence)
+            self.store
+                .queues()
+                .give_back_slot(&settled.after.job.queue, sequence)
                 .await;
         }
         if let Err(err) = self
+            .store
             .inner
             .client
             .publish(holder.ack_subject.clone(), reply.into())

@@ -6,21 +6,21 @@ use chrono::Utc;
 use futures::future::join_all;
 use tracing::warn;
 
-use super::cas::{self, Cas, Replica};
-use super::error::backend;
-use super::timers::{Timer, TimerKind};
-use super::Store;
+use super::Jobs;
 use crate::domain::batch::{self, Mark, Repair};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
 use crate::domain::time;
+use crate::store::cas::{self, Cas, Replica};
+use crate::store::error::backend;
+use crate::store::timers::{Timer, TimerKind};
 
 /// Records read or removed at once when a batch is repaired or rolled back.
-pub(super) const AT_ONCE: usize = 64;
+pub(in crate::store) const AT_ONCE: usize = 64;
 
 /// A batch whose mark this PUSH opened, at the revision it wrote.
-pub(super) struct OpenBatch {
-    pub(super) id: String,
+pub(in crate::store) struct OpenBatch {
+    pub(in crate::store) id: String,
     revision: u64,
 }
 
@@ -28,13 +28,13 @@ fn mark_bytes(mark: Mark) -> bytes::Bytes {
     serde_json::to_vec(&mark).expect("marks serialize").into()
 }
 
-impl Store {
+impl Jobs<'_> {
     /// Stores the timer of batch `id` (due `batch_grace_ms` from now) and opens its mark,
     /// side by side: a mark without its timer has no records (they come after both) and
     /// goes with the bucket's max age; from here on a crash is finished or undone by the
     /// timer.
-    pub(super) async fn open_batch(
-        &self,
+    pub(in crate::store) async fn open_batch(
+        self,
         id: &str,
         records: &[JobRecord],
     ) -> Result<OpenBatch, OjsError> {
@@ -43,12 +43,16 @@ impl Store {
             ..Timer::named(
                 TimerKind::Batch,
                 id,
-                time::add(Utc::now(), self.inner.batch_grace),
+                time::add(Utc::now(), self.store.inner.batch_grace),
             )
         };
-        let stored = async { self.stored(self.send_timer(&timer).await?).await };
+        let stored = async {
+            self.store
+                .stored(self.store.timers().send_timer(&timer).await?)
+                .await
+        };
         let doing = "opening a batch";
-        let opened = cas::write(&self.inner.batches, id, mark_bytes(Mark::Open), 0, doing);
+        let opened = cas::write(&self.own.batches, id, mark_bytes(Mark::Open), 0, doing);
         let (stored, opened) = tokio::join!(stored, opened);
         stored?;
         match opened? {
@@ -62,8 +66,8 @@ impl Store {
 
     /// Commits the batch: from here its jobs count. Refused when its timer or a retry of
     /// the batch aborted it first.
-    pub(super) async fn commit_batch(&self, open: &OpenBatch) -> Result<(), OjsError> {
-        let kv = &self.inner.batches;
+    pub(in crate::store) async fn commit_batch(self, open: &OpenBatch) -> Result<(), OjsError> {
+        let kv = &self.own.batches;
         let doing = "committing a batch";
         if let Cas::Written(_) = cas::write(
             kv,
@@ -83,35 +87,31 @@ impl Store {
                 ErrorCode::BackendUnavailable,
                 format!(
                     "The batch took longer than {} ms and was undone; retry it.",
-                    self.inner.batch_grace.as_millis()
+                    self.store.inner.batch_grace.as_millis()
                 ),
             )),
         }
     }
 
     /// Aborts batch `id` unless it committed: its mark as it is afterwards.
-    pub(super) async fn abort_batch(&self, id: &str) -> Result<Option<Mark>, OjsError> {
+    pub(in crate::store) async fn abort_batch(self, id: &str) -> Result<Option<Mark>, OjsError> {
         self.leave_open(id, Mark::Aborted).await
     }
 
     /// Moves batch `id`'s mark from `open` to `to` if it is still open: the mark as it is
     /// afterwards (`to`, or what another writer made it first).
-    async fn leave_open(&self, id: &str, to: Mark) -> Result<Option<Mark>, OjsError> {
-        let now = cas::change(
-            &self.inner.batches,
-            id,
-            "batch",
-            id,
-            |mark: Option<&Mark>| (mark == Some(&Mark::Open)).then_some(to),
-        )
+    async fn leave_open(self, id: &str, to: Mark) -> Result<Option<Mark>, OjsError> {
+        let now = cas::change(&self.own.batches, id, "batch", id, |mark: Option<&Mark>| {
+            (mark == Some(&Mark::Open)).then_some(to)
+        })
         .await?;
         Ok(now.value)
     }
 
     /// The mark of batch `id`, read at the stream leader.
-    pub(super) async fn batch_mark(&self, id: &str) -> Result<Option<Mark>, OjsError> {
+    pub(in crate::store) async fn batch_mark(self, id: &str) -> Result<Option<Mark>, OjsError> {
         Ok(
-            cas::read::<Mark>(&self.inner.batches, id, Replica::Leader, "batch mark")
+            cas::read::<Mark>(&self.own.batches, id, Replica::Leader, "batch mark")
                 .await?
                 .value,
         )
@@ -119,10 +119,10 @@ impl Store {
 
     /// Deletes a finished batch's mark, without waiting for it: one left behind is deleted
     /// by the batch's timer (which then finds every job published).
-    pub(super) fn close_batch(&self, id: &str) {
-        let (store, id) = (self.clone(), id.to_owned());
+    pub(in crate::store) fn close_batch(self, id: &str) {
+        let (store, id) = (self.store.clone(), id.to_owned());
         tokio::spawn(async move {
-            if let Err(err) = store.inner.batches.delete(&id).await {
+            if let Err(err) = store.jobs().own.batches.delete(&id).await {
                 warn!(batch_id = id, error = %err, "could not delete a batch mark");
             }
         });
@@ -134,7 +134,7 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails; every step is repeatable, so the timer fires again.
-    pub(super) async fn batch_timer_fired(&self, timer: &Timer) -> Result<(), OjsError> {
+    pub(in crate::store) async fn batch_timer_fired(self, timer: &Timer) -> Result<(), OjsError> {
         let id = &timer.id;
         let mut repair = batch::repair(self.batch_mark(id).await?);
         if repair == Repair::Abort {
@@ -164,7 +164,7 @@ impl Store {
                 .collect();
             self.remove_untouched(&records).await?;
         }
-        self.inner
+        self.own
             .batches
             .delete(id)
             .await
@@ -174,8 +174,8 @@ impl Store {
 
     /// Removes records of an aborted batch, each at the revision it was read at: one
     /// written since (a client's cancel) stays.
-    pub(super) async fn remove_untouched(
-        &self,
+    pub(in crate::store) async fn remove_untouched(
+        self,
         records: &[(&JobRecord, u64)],
     ) -> Result<(), OjsError> {
         for some in records.chunks(AT_ONCE) {
@@ -192,8 +192,8 @@ impl Store {
     /// A create of batch member `rec` found `found` (at `revision`) in its place: when
     /// that record is left over from another batch that never committed, aborts that
     /// batch, removes the record and says so, so the create can be made again.
-    pub(super) async fn take_over(
-        &self,
+    pub(in crate::store) async fn take_over(
+        self,
         found: &JobRecord,
         revision: u64,
     ) -> Result<bool, OjsError> {

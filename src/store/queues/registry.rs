@@ -9,22 +9,21 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, PullConsumer};
 use async_nats::jetstream::{self, kv};
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::cas::{self, Replica};
-use super::deadline::answered;
-use super::error::backend;
-use super::mirror::Mirror;
 use super::puller::Puller;
-use super::topology::{encode_queue, Topology};
 use crate::domain::backpressure::Bound;
 use crate::domain::error::OjsError;
 use crate::domain::lanes::{self, LaneLimits};
 use crate::domain::rate_limit::{Limits, RateLimit};
 use crate::domain::time;
+use crate::store::cas::{self, Replica};
+use crate::store::deadline::answered;
+use crate::store::error::backend;
+use crate::store::mirror::Mirror;
+use crate::store::topology::{encode_queue, Topology};
 
 /// A queue's entry in the queues bucket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -398,7 +397,8 @@ impl QueueRegistry {
             return Ok(());
         }
         let reg = &self.inner;
-        let stream = super::ensure_stream(&reg.js, reg.topology.queue_stream_config(queue)).await?;
+        let stream =
+            crate::store::ensure_stream(&reg.js, reg.topology.queue_stream_config(queue)).await?;
         let doing = "creating a priority consumer";
         let consumer = Topology::priority_consumer(priority);
         let _: PullConsumer = answered(doing, || {

@@ -11,18 +11,18 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::batches::AT_ONCE;
-use super::cas::{self, Replica};
-use super::deadline::answered;
-use super::error::{lost_race, nats_failed};
-use super::timers::Timer;
-use super::Store;
+use super::Jobs;
 use crate::domain::envelope::too_large;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::lifecycle;
 use crate::domain::state::JobState;
+use crate::store::cas::{self, Replica};
+use crate::store::deadline::answered;
+use crate::store::error::{lost_race, nats_failed};
+use crate::store::timers::Timer;
 
-impl Store {
+impl Jobs<'_> {
     /// PUSH one or more jobs, all or none (core §7.1): no accepted job is ever left
     /// without its message, no job of a refused PUSH is ever handed out.
     ///
@@ -31,7 +31,7 @@ impl Store {
     /// stays), 413 for an envelope
     /// over the server's payload limit, 429 `queue_full` when its timers would pass
     /// `max_pending_timers`, `backend_error` when NATS fails.
-    pub async fn enqueue(&self, jobs: Vec<Job>, block: Duration) -> Result<Enqueued, OjsError> {
+    pub async fn enqueue(self, jobs: Vec<Job>, block: Duration) -> Result<Enqueued, OjsError> {
         let mut records: Vec<JobRecord> = jobs
             .into_iter()
             .map(|job| JobRecord::created(job, None))
@@ -46,7 +46,7 @@ impl Store {
             Ok(taken) => taken,
             Err(existing) => return Ok(Enqueued::Existing(existing)),
         };
-        self.failpoint("unique.locked").await;
+        self.store.failpoint("unique.locked").await;
         match self.create_jobs(records, async { Ok(()) }, block).await {
             Ok(jobs) => Ok(Enqueued::Created(jobs)),
             Err(err) => {
@@ -63,8 +63,8 @@ impl Store {
     /// One job: its message first, then its record (the commit point). A batch: its
     /// records under an open batch mark, the commit of the mark, then the messages, so a
     /// batch cut short by a crash is undone or finished whole (architecture §4 PUSH).
-    pub(super) async fn create_jobs(
-        &self,
+    pub(in crate::store) async fn create_jobs(
+        self,
         mut records: Vec<JobRecord>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
         block: Duration,
@@ -75,7 +75,7 @@ impl Store {
             rec.batch.clone_from(&batch);
         }
         let mut encoded = Vec::with_capacity(records.len());
-        let max_job = self.max_job_bytes();
+        let max_job = self.store.max_job_bytes();
         for (index, rec) in records.iter().enumerate() {
             let bytes = rec.to_bytes();
             if bytes.len() > max_job {
@@ -88,7 +88,11 @@ impl Store {
 
         // Every job's lane, scheduled ones too: creating a queue's stream when its first
         // scheduled job comes due would make that promotion late.
-        self.inner.queues.admit(lanes(&records).iter().copied())?;
+        self.store
+            .queues()
+            .own
+            .registry
+            .admit(lanes(&records).iter().copied())?;
         // The batch's promote and expire timers, within `max_pending_timers` (before any
         // write: a refused PUSH leaves nothing behind).
         let timers = records
@@ -98,9 +102,13 @@ impl Store {
                 u64::from(promote) + u64::from(expires_at(rec).is_some())
             })
             .sum();
-        self.admit_timers(timers).await?;
+        self.store.timers().admit_timers(timers).await?;
         // Places in bounded queues, the last check and the first write (architecture §3.27).
-        let tokens = self.take_depth_tokens(&mut records, block).await?;
+        let tokens = self
+            .store
+            .queues()
+            .take_depth_tokens(&mut records, block)
+            .await?;
         for (rec, bytes) in records.iter().zip(encoded.iter_mut()) {
             if rec.depth_token.is_some() {
                 *bytes = bytes::Bytes::from(rec.to_bytes());
@@ -108,14 +116,14 @@ impl Store {
         }
         let written = self.write_jobs(records, encoded, first, now).await;
         if written.is_err() && !tokens.is_empty() {
-            self.give_back_unheld(&tokens).await;
+            self.store.queues().give_back_unheld(&tokens).await;
         }
         written
     }
 
     /// `create_jobs` once every check has passed and the bounded queues' places are taken.
     async fn write_jobs(
-        &self,
+        self,
         records: Vec<JobRecord>,
         encoded: Vec<bytes::Bytes>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
@@ -124,16 +132,24 @@ impl Store {
         let batch = records.first().and_then(|r| r.batch.clone());
         first.await?;
         for (queue, priority) in lanes(&records) {
-            self.inner.queues.ensure(queue, priority, now).await?;
+            self.store
+                .queues()
+                .own
+                .registry
+                .ensure(queue, priority, now)
+                .await?;
         }
-        self.ensure_rate_limits(&records, now).await?;
+        self.store
+            .queues()
+            .ensure_rate_limits(&records, now)
+            .await?;
 
         let revisions = match &batch {
             None => {
                 // A claim that gets this message before its record exists waits for this
                 // PUSH instead of re-reading (architecture §3.12); withdrawn however the
                 // PUSH ends.
-                let _expected = self.inner.recent.expect(
+                let _expected = self.own.recent.expect(
                     records
                         .iter()
                         .filter(|r| r.dispatch > 0)
@@ -141,29 +157,29 @@ impl Store {
                         .collect(),
                 );
                 self.publish_jobs(&records).await?;
-                self.failpoint("enqueue.published").await;
+                self.store.failpoint("enqueue.published").await;
                 self.create_records(&records, &encoded, None).await?
             }
             Some(id) => {
                 let open = self.open_batch(id, &records).await?;
                 let revisions = self.create_records(&records, &encoded, Some(id)).await?;
-                self.failpoint("batch.created").await;
+                self.store.failpoint("batch.created").await;
                 if let Err(err) = self.commit_batch(&open).await {
                     self.roll_back(records.iter().zip(revisions.iter().copied()))
                         .await;
                     return Err(err);
                 }
-                self.failpoint("batch.committed").await;
+                self.store.failpoint("batch.committed").await;
                 self.publish_jobs(&records).await?;
                 self.close_batch(id);
                 revisions
             }
         };
         // Only the batch's last jobs can stay remembered; cloning the others would be wasted.
-        let forgotten = records.len().saturating_sub(self.inner.recent.capacity());
+        let forgotten = records.len().saturating_sub(self.own.recent.capacity());
         for (rec, revision) in records.iter().zip(&revisions).skip(forgotten) {
             if let (JobState::Available, Some(revision)) = (rec.job.state, revision) {
-                self.inner
+                self.own
                     .recent
                     .remember(&rec.job.id, rec.clone(), *revision);
             }
@@ -174,19 +190,32 @@ impl Store {
     /// Publishes what makes each job fetchable or due: the queue message of an available
     /// job, the promote timer of a waiting one, the expire timer of one with `expires_at`;
     /// all acknowledged.
-    pub(super) async fn publish_jobs(&self, records: &[JobRecord]) -> Result<(), OjsError> {
+    pub(in crate::store) async fn publish_jobs(
+        self,
+        records: &[JobRecord],
+    ) -> Result<(), OjsError> {
         let mut sent = Vec::new();
         for rec in records {
             if rec.dispatch > 0 {
                 sent.push(self.send_dispatch(rec).await?);
             } else if let Some(at) = lifecycle::due_at(rec) {
-                sent.push(self.send_timer(&Timer::promote(rec, at)).await?);
+                sent.push(
+                    self.store
+                        .timers()
+                        .send_timer(&Timer::promote(rec, at))
+                        .await?,
+                );
             }
             if let Some(at) = expires_at(rec) {
-                sent.push(self.send_timer(&Timer::expire(rec, at)).await?);
+                sent.push(
+                    self.store
+                        .timers()
+                        .send_timer(&Timer::expire(rec, at))
+                        .await?,
+                );
             }
         }
-        self.all_stored(sent).await
+        self.store.all_stored(sent).await
     }
 
     /// Creates every record, concurrently: the revision each create wrote (`None` for a
@@ -194,7 +223,7 @@ impl Store {
     /// a record left over from another batch that never committed takes its id over. If
     /// any create fails, the batch is aborted and what was created removed again.
     async fn create_records(
-        &self,
+        self,
         records: &[JobRecord],
         encoded: &[bytes::Bytes],
         batch: Option<&str>,
@@ -240,7 +269,7 @@ impl Store {
             if let Err(err) = self.abort_batch(id).await {
                 warn!(batch_id = id, error = %err, "could not abort a refused batch; its timer will");
             }
-            self.failpoint("enqueue.rolling_back").await;
+            self.store.failpoint("enqueue.rolling_back").await;
             self.roll_back(records.iter().zip(created)).await;
         }
         Err(error)
@@ -250,7 +279,7 @@ impl Store {
     /// (`created_anyway`), or — for a batch's job — a record left over from another batch
     /// that never committed, taken over and created again (`take_over`). `None`: taken.
     async fn create_again(
-        &self,
+        self,
         rec: &JobRecord,
         bytes: &bytes::Bytes,
         in_batch: bool,
@@ -274,9 +303,9 @@ impl Store {
 
     /// Creates a record, again while NATS does not answer (`deadline.rs`). A create that
     /// landed with its answer lost then finds its key taken: `created_anyway` tells.
-    async fn create_record(&self, id: &str, bytes: &bytes::Bytes) -> Creation {
+    async fn create_record(self, id: &str, bytes: &bytes::Bytes) -> Creation {
         let doing = "creating a job record";
-        let said = answered(doing, || self.inner.jobs.create(id, bytes.clone()))
+        let said = answered(doing, || self.own.kv.create(id, bytes.clone()))
             .await
             .map_err(CreateFailure::Failed)?
             .said;
@@ -295,17 +324,12 @@ impl Store {
     /// already claimed through the queue message published before it (`None`). A job of
     /// another PUSH differs in its creation time.
     async fn created_anyway(
-        &self,
+        self,
         rec: &JobRecord,
         bytes: &bytes::Bytes,
     ) -> Result<Option<Option<u64>>, OjsError> {
-        let Some(last) = cas::last(
-            &self.inner.jobs,
-            &rec.job.id,
-            Replica::Nearest,
-            "reading a job",
-        )
-        .await?
+        let Some(last) =
+            cas::last(&self.own.kv, &rec.job.id, Replica::Nearest, "reading a job").await?
         else {
             return Ok(None);
         };
@@ -326,7 +350,7 @@ impl Store {
     /// Removes the records a refused batch created, each at the revision its create wrote.
     /// No worker can have had them (the batch published no message); one not removed is
     /// removed by the batch's timer.
-    async fn roll_back<'a>(&self, created: impl Iterator<Item = (&'a JobRecord, Option<u64>)>) {
+    async fn roll_back<'a>(self, created: impl Iterator<Item = (&'a JobRecord, Option<u64>)>) {
         let created: Vec<(&JobRecord, u64)> = created
             .filter_map(|(rec, revision)| Some((rec, revision?)))
             .collect();

@@ -3,11 +3,11 @@
 
 use chrono::{DateTime, Utc};
 
-use super::queues::QueueMeta;
-use super::Store;
+use super::Queues;
 use crate::domain::error::OjsError;
 use crate::domain::event::queue_event;
 use crate::domain::stats::QueueCounts;
+use crate::store::queues::QueueMeta;
 
 /// What `GET /queues/{name}/stats` reports.
 #[derive(Debug, Clone)]
@@ -19,10 +19,10 @@ pub struct QueueStats {
     pub computed_at: DateTime<Utc>,
 }
 
-impl Store {
+impl Queues<'_> {
     /// Every queue, by name.
-    pub fn queues(&self) -> Vec<QueueMeta> {
-        self.inner.queues.list()
+    pub fn list(self) -> Vec<QueueMeta> {
+        self.own.registry.list()
     }
 
     /// Pauses (`paused`) or resumes `queue`, registering a queue never seen, and publishes
@@ -34,10 +34,10 @@ impl Store {
     ///
     /// # Errors
     /// 400 past `max_queues`; `backend_error` when NATS fails.
-    pub async fn pause_queue(&self, queue: &str, paused: bool) -> Result<QueueMeta, OjsError> {
+    pub async fn pause(self, queue: &str, paused: bool) -> Result<QueueMeta, OjsError> {
         let (meta, revision) = self
-            .inner
-            .queues
+            .own
+            .registry
             .set_paused(queue, paused, Utc::now())
             .await?;
         let event = queue_event(
@@ -45,9 +45,9 @@ impl Store {
             meta.paused,
             revision,
             meta.status_since(),
-            &self.inner.source,
+            &self.store.inner.source,
         );
-        self.publish_events(&[event]).await?;
+        self.store.events().publish(&[event]).await?;
         Ok(meta)
     }
 
@@ -55,11 +55,11 @@ impl Store {
     ///
     /// # Errors
     /// 404 for a queue never seen; `backend_error` when NATS fails.
-    pub async fn queue_stats(&self, queue: &str) -> Result<QueueStats, OjsError> {
+    pub async fn stats(self, queue: &str) -> Result<QueueStats, OjsError> {
         let (meta, counts, dead) = tokio::try_join!(
-            self.inner.queues.lookup(queue),
-            self.queue_counts(queue),
-            self.dead_letter_count(queue),
+            self.own.registry.lookup(queue),
+            self.store.stats().queue_counts(queue),
+            self.store.dead_letter().count(queue),
         )?;
         if meta.is_none() && counts.is_none() {
             return Err(OjsError::not_found("queue", queue));

@@ -7,27 +7,25 @@
 //! the job's end deletes it; the leader frees places whose job died with them.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::cas::Replica;
-use super::deadline::by_deadline;
-use super::error::{already_deleted, backend};
-use super::{ensure_stream, Store};
+use super::Queues;
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
-use crate::domain::rate_limit::{self, Limits, RateLimit};
-use crate::domain::requests::MAX_FETCH_WAIT_MS;
+use crate::domain::rate_limit::{Limits, RateLimit};
+use crate::store::deadline::by_deadline;
+use crate::store::ensure_stream;
+use crate::store::error::{already_deleted, backend};
 
 /// A running place of a concurrency-limited queue: the job and dispatch that took it.
 #[derive(Serialize, Deserialize)]
-struct Slot {
-    id: String,
-    dispatch: u64,
+pub(in crate::store) struct Slot {
+    pub(in crate::store) id: String,
+    pub(in crate::store) dispatch: u64,
 }
 
 /// A queue's limits and how much of them is in use now.
@@ -42,15 +40,15 @@ pub struct LimitUsage {
     pub window_ends_ms: i64,
 }
 
-impl Store {
+impl Queues<'_> {
     /// PUSH: makes each job's `rate_limit` its queue's before any of its messages exist —
     /// the token streams first, then the registry entry every replica's FETCH follows. A
     /// limit already in force costs a map lookup.
     ///
     /// # Errors
     /// As the checks of `Limits::parse`; `backend_error` when NATS fails.
-    pub(super) async fn ensure_rate_limits(
-        &self,
+    pub(in crate::store) async fn ensure_rate_limits(
+        self,
         records: &[JobRecord],
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
@@ -72,33 +70,37 @@ impl Store {
     ///
     /// # Errors
     /// 400 past `max_queues`; `backend_error` when NATS fails.
-    pub async fn configure_queue(&self, queue: &str, limits: Limits) -> Result<(), OjsError> {
-        self.inner.queues.admit_new(queue)?;
+    pub async fn configure_queue(self, queue: &str, limits: Limits) -> Result<(), OjsError> {
+        self.own.registry.admit_new(queue)?;
         self.apply_limits(queue, limits, Utc::now()).await
     }
 
     /// The token streams of the limits that change first, then the registry entry every
     /// replica's FETCH follows; a limit already in force costs a map lookup.
     async fn apply_limits(
-        &self,
+        self,
         queue: &str,
         limits: Limits,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
-        let t = &self.inner.topology;
-        let current = self.inner.queues.limits(queue);
+        let t = &self.store.inner.topology;
+        let current = self.own.registry.limits(queue);
         let rate = limits.rate.filter(|r| current.rate != Some(*r));
         let concurrency = limits
             .concurrency
             .filter(|c| current.concurrency != Some(*c));
         if let Some(rate) = rate {
-            ensure_stream(&self.inner.js, t.rate_stream_config(queue, rate)).await?;
+            ensure_stream(&self.store.inner.js, t.rate_stream_config(queue, rate)).await?;
         }
         if let Some(concurrency) = concurrency {
-            ensure_stream(&self.inner.js, t.slot_stream_config(queue, concurrency)).await?;
+            ensure_stream(
+                &self.store.inner.js,
+                t.slot_stream_config(queue, concurrency),
+            )
+            .await?;
         }
         if rate.is_some() || concurrency.is_some() {
-            self.inner.queues.set_limits(queue, limits, now).await?;
+            self.own.registry.set_limits(queue, limits, now).await?;
         }
         Ok(())
     }
@@ -109,12 +111,12 @@ impl Store {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn limit_usage(&self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
-        let limits = self.inner.queues.limits(queue);
+    pub async fn limit_usage(self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
+        let limits = self.own.registry.limits(queue);
         if limits.rate.is_none() && limits.concurrency.is_none() {
             return Ok(None);
         }
-        let t = &self.inner.topology;
+        let t = &self.store.inner.topology;
         let doing = "reading a queue's limits";
         let mut usage = LimitUsage {
             limits,
@@ -124,6 +126,7 @@ impl Store {
         };
         if limits.concurrency.is_some() {
             let stream = self
+                .store
                 .inner
                 .js
                 .get_stream(t.slot_stream(queue))
@@ -135,6 +138,7 @@ impl Store {
             let window = rate.window_index(Utc::now().timestamp_millis());
             let subject = t.rate_subject(queue, window);
             let stream = self
+                .store
                 .inner
                 .js
                 .get_stream(t.rate_stream(queue))
@@ -156,9 +160,9 @@ impl Store {
     }
 
     /// Every queue with a limit, as this replica knows them.
-    pub fn limited_queues(&self) -> Vec<String> {
+    pub fn limited_queues(self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .queues()
+            .list()
             .into_iter()
             .filter(|m| m.rate_limit.is_some() || m.concurrency.is_some())
             .map(|m| m.name)
@@ -167,26 +171,14 @@ impl Store {
         names
     }
 
-    /// Every queue with a concurrency limit, as this replica knows them.
-    pub fn concurrency_limited_queues(&self) -> Vec<String> {
-        self.inner.queues.concurrency_limited()
-    }
-
-    /// How old a running place must be before the sweep may free it: older than any claim
-    /// still on its way (a FETCH takes no NATS step past its wait plus `nats_timeout_ms`,
-    /// and its record write takes at most one `nats_timeout_ms` more).
-    pub fn slot_grace(&self) -> Duration {
-        Duration::from_millis(MAX_FETCH_WAIT_MS) + 2 * self.inner.nats_timeout
-    }
-
     /// FETCH: takes one of `queue`'s `concurrency` running places for dispatch `dispatch`
     /// of job `id`: the sequence of its message in the concurrency stream, `None` when
     /// every place is taken.
     ///
     /// # Errors
     /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
-    pub(super) async fn take_slot(
-        &self,
+    pub(in crate::store) async fn take_slot(
+        self,
         queue: &str,
         concurrency: u64,
         id: &str,
@@ -197,8 +189,9 @@ impl Store {
             dispatch,
         })
         .expect("slots serialize");
-        let topology = &self.inner.topology;
+        let topology = &self.store.inner.topology;
         let taken = self
+            .store
             .take_token(
                 topology.slot_subject(queue),
                 body.into(),
@@ -211,10 +204,10 @@ impl Store {
 
     /// Frees a running place of `queue` (its message `sequence`). Best effort, by the
     /// deadline: a place left taken is freed by the leader's sweep (`sweep_slots`).
-    pub(super) async fn give_back_slot(&self, queue: &str, sequence: u64) {
-        let stream = self.inner.topology.slot_stream(queue);
+    pub(in crate::store) async fn give_back_slot(self, queue: &str, sequence: u64) {
+        let stream = self.store.inner.topology.slot_stream(queue);
         let freeing = async {
-            match self.inner.js.get_stream_no_info(&stream).await {
+            match self.store.inner.js.get_stream_no_info(&stream).await {
                 Ok(stream) => match stream.delete_message(sequence).await {
                     Ok(_) => Ok(()),
                     // Freed already (by the sweep, or an earlier try whose answer was lost).
@@ -232,50 +225,20 @@ impl Store {
         }
     }
 
-    /// Leader: frees the running places of `queue` whose job no longer runs under them —
-    /// a FETCH or ACK that died between its place and its record, or a lost delete — once
-    /// older than `grace` (a claim still on its way may not have written its record yet).
-    /// Reads every place (at most the limit) and one record per place.
-    ///
-    /// # Errors
-    /// When NATS fails; the next sweep repeats it.
-    pub async fn sweep_slots(&self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
-        let stream = self.inner.topology.slot_stream(queue);
-        let places = self
-            .read_stream_from(&stream, None, 1, rate_limit::MAX_CONCURRENCY as usize)
-            .await?;
-        let mut freed = 0;
-        for place in places {
-            let age = Utc::now().timestamp_millis() - place.published_ms;
-            if age < grace.as_millis() as i64 {
-                continue;
-            }
-            let Ok(slot) = serde_json::from_slice::<Slot>(&place.payload) else {
-                continue;
-            };
-            let held = self
-                .read(&slot.id, Replica::Leader)
-                .await?
-                .is_some_and(|(rec, _)| {
-                    rate_limit::holds_slot(&rec, slot.dispatch, place.sequence)
-                });
-            if !held {
-                self.give_back_slot(queue, place.sequence).await;
-                freed += 1;
-            }
-        }
-        Ok(freed)
-    }
-
     /// FETCH: spends one start of `queue`'s current window; `false` when the window has
     /// none left.
     ///
     /// # Errors
     /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
-    pub(super) async fn take_start(&self, queue: &str, limit: RateLimit) -> Result<bool, OjsError> {
+    pub(in crate::store) async fn take_start(
+        self,
+        queue: &str,
+        limit: RateLimit,
+    ) -> Result<bool, OjsError> {
         let window = limit.window_index(Utc::now().timestamp_millis());
-        let topology = &self.inner.topology;
+        let topology = &self.store.inner.topology;
         let taken = self
+            .store
             .take_token(
                 topology.rate_subject(queue, window),
                 bytes::Bytes::new(),

@@ -10,9 +10,8 @@ use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 
-use super::error::backend;
-use super::Store;
 use crate::domain::error::OjsError;
+use crate::store::error::backend;
 
 pub struct HandledWrites {
     through: Arc<AtomicU64>,
@@ -47,18 +46,5 @@ impl HandledWrites {
     /// Every write up to this revision has its events stored.
     pub fn through(&self) -> u64 {
         self.through.load(Ordering::Relaxed)
-    }
-}
-
-impl Store {
-    /// Tells every replica that the events of every job write up to `revision` are stored.
-    /// Fire and forget: a lost announcement only keeps trails longer.
-    pub async fn announce_handled(&self, revision: u64) {
-        let subject = self.inner.topology.events_handled_subject();
-        let _ = self
-            .inner
-            .client
-            .publish(subject, revision.to_string().into())
-            .await;
     }
 }

@@ -6,7 +6,7 @@
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::Store;
+use super::Jobs;
 use crate::domain::error::OjsError;
 use crate::domain::job::Job;
 use crate::domain::lifecycle;
@@ -23,14 +23,14 @@ pub enum Reported {
     Throttled,
 }
 
-impl Store {
+impl Jobs<'_> {
     /// Reports `update` on job `id`.
     ///
     /// # Errors
     /// 404 for an unknown job; NATS failures.
-    pub async fn report_progress(&self, id: &str, update: Update) -> Result<Reported, OjsError> {
+    pub async fn report_progress(self, id: &str, update: Update) -> Result<Reported, OjsError> {
         let admitted = self
-            .inner
+            .own
             .progress
             .lock()
             .expect("progress throttle lock")
@@ -38,19 +38,20 @@ impl Store {
         match admitted {
             Admit::Now(update) => self.write_progress(id, &update).await,
             Admit::FlushAt(at) => {
-                let store = self.clone();
+                let store = self.store.clone();
                 let id = id.to_owned();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at.into()).await;
                     let gathered = store
-                        .inner
+                        .jobs()
+                        .own
                         .progress
                         .lock()
                         .expect("progress throttle lock")
                         .flush(&id, Instant::now().into_std());
                     if let Some(update) = gathered {
                         // Best effort, like the report itself: the job may have ended.
-                        if let Err(err) = store.write_progress(&id, &update).await {
+                        if let Err(err) = store.jobs().write_progress(&id, &update).await {
                             debug!(job_id = %id, error = %err, "a gathered progress write failed");
                         }
                     }
@@ -61,8 +62,8 @@ impl Store {
         }
     }
 
-    async fn write_progress(&self, id: &str, update: &Update) -> Result<Reported, OjsError> {
-        let default = self.inner.visibility_timeout;
+    async fn write_progress(self, id: &str, update: &Update) -> Result<Reported, OjsError> {
+        let default = self.store.inner.visibility_timeout;
         let settled = self
             .transition(id, |rec, now| {
                 let visibility = lifecycle::beat_visibility(rec, None, default);

@@ -5,7 +5,7 @@
 
 use futures::{stream, StreamExt};
 
-use super::Store;
+use super::Jobs;
 use crate::domain::bulk::BulkOp;
 use crate::domain::error::OjsError;
 use crate::domain::lifecycle;
@@ -13,14 +13,19 @@ use crate::domain::lifecycle;
 /// Jobs one bulk request changes at once.
 const CONCURRENCY: usize = 64;
 
-impl Store {
+impl Jobs<'_> {
     /// Runs `op` on each of `ids`; the outcomes in the order of `ids`.
-    pub async fn bulk(&self, op: BulkOp, ids: &[String]) -> Vec<Result<(), OjsError>> {
+    pub async fn bulk(self, op: BulkOp, ids: &[String]) -> Vec<Result<(), OjsError>> {
         stream::iter(ids.iter().cloned())
             .map(|id| async move {
                 match op {
                     BulkOp::Cancel => self.cancel(&id).await.map(drop),
-                    BulkOp::Retry => self.retry(&id, lifecycle::retry_now).await.map(drop),
+                    BulkOp::Retry => self
+                        .store
+                        .dead_letter()
+                        .retry(&id, lifecycle::retry_now)
+                        .await
+                        .map(drop),
                     BulkOp::Delete => self.delete_finished(&id).await,
                 }
             })
@@ -33,15 +38,17 @@ impl Store {
     ///
     /// # Errors
     /// 404 unknown job; 409 for a job not finished or in a workflow (`check_deletable`).
-    async fn delete_finished(&self, id: &str) -> Result<(), OjsError> {
-        self.remove_job(id, |from| async move {
-            let (record, revision) = self
-                .read(id, from)
-                .await?
-                .ok_or_else(|| OjsError::not_found("job", id))?;
-            lifecycle::check_deletable(&record)?;
-            Ok((record, revision))
-        })
-        .await
+    async fn delete_finished(self, id: &str) -> Result<(), OjsError> {
+        self.store
+            .dead_letter()
+            .remove_job(id, |from| async move {
+                let (record, revision) = self
+                    .read(id, from)
+                    .await?
+                    .ok_or_else(|| OjsError::not_found("job", id))?;
+                lifecycle::check_deletable(&record)?;
+                Ok((record, revision))
+            })
+            .await
     }
 }

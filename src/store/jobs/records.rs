@@ -10,12 +10,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::cas::{self, Cas, Replica};
-use super::deadline::answered;
-use super::error::{nats_failed, refusal};
-use super::publish::Sent;
-use super::timers::Timer;
-use super::Store;
+use super::Jobs;
 use crate::domain::envelope::too_large;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord, Transition};
@@ -23,15 +18,20 @@ use crate::domain::lifecycle;
 use crate::domain::retry::OnExhaustion;
 use crate::domain::state::JobState;
 use crate::domain::trail;
+use crate::store::cas::{self, Cas, Replica};
+use crate::store::deadline::answered;
+use crate::store::error::{nats_failed, refusal};
+use crate::store::publish::Sent;
+use crate::store::timers::Timer;
 
 /// A queue message or timer whose job record does not show up within this time came from an
 /// enqueue that died between its writes (or was rolled back); it is dropped. Younger ones
 /// are looked at again: a PUSH publishes them before it creates the record, and may wait out
 /// a NATS election in between (architecture §4, "NATS goes away").
-pub(super) const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+pub(in crate::store) const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the jobs bucket holds for an id.
-pub(super) enum Lookup {
+pub(in crate::store) enum Lookup {
     Found(Box<JobRecord>, u64),
     /// Deleted or purged (a rolled-back batch): its queue messages are spent.
     Removed,
@@ -40,9 +40,9 @@ pub(super) enum Lookup {
 
 /// The body of a queue message: which job, and which dispatch of it.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Dispatch {
-    pub(super) id: String,
-    pub(super) dispatch: u64,
+pub(in crate::store) struct Dispatch {
+    pub(in crate::store) id: String,
+    pub(in crate::store) dispatch: u64,
 }
 
 /// The record before and after a settling operation (ACK, FAIL, CANCEL).
@@ -52,12 +52,12 @@ pub struct Settled {
     pub after: JobRecord,
 }
 
-impl Store {
+impl Jobs<'_> {
     /// INFO (core §7.7).
     ///
     /// # Errors
     /// 404 for an unknown id.
-    pub async fn info(&self, id: &str) -> Result<Job, OjsError> {
+    pub async fn info(self, id: &str) -> Result<Job, OjsError> {
         match self.read(id, Replica::Nearest).await? {
             Some((rec, _)) => Ok(rec.job),
             None => Err(OjsError::not_found("job", id)),
@@ -65,42 +65,51 @@ impl Store {
     }
 
     /// Publishes the queue message of the record's current dispatch.
-    pub(super) async fn send_dispatch(&self, rec: &JobRecord) -> Result<Sent, OjsError> {
-        let t = &self.inner.topology;
+    pub(in crate::store) async fn send_dispatch(self, rec: &JobRecord) -> Result<Sent, OjsError> {
+        let t = &self.store.inner.topology;
         let body = serde_json::to_vec(&Dispatch {
             id: rec.job.id.clone(),
             dispatch: rec.dispatch,
         })
         .expect("dispatch serializes");
-        self.send(
-            t.queue_subject(&rec.job.queue, rec.job.priority).into(),
-            // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
-            // after an orphaned first attempt needs its message); FETCH drops the spare.
-            PublishMessage::build().payload(body.into()),
-            "publishing a job to its queue",
-        )
-        .await
+        self.store
+            .send(
+                t.queue_subject(&rec.job.queue, rec.job.priority).into(),
+                // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
+                // after an orphaned first attempt needs its message); FETCH drops the spare.
+                PublishMessage::build().payload(body.into()),
+                "publishing a job to its queue",
+            )
+            .await
     }
 
     /// What must be stored before a transition is written, so that no crash between the two
     /// can strand the job: the queue message of a new dispatch, the timer of a retry wait,
     /// the dead-letter entry of a discard into the dead letter queue (whose sequence the
     /// record then names).
-    pub(super) async fn prepare(
-        &self,
+    pub(in crate::store) async fn prepare(
+        self,
         before: &JobRecord,
         after: &mut JobRecord,
     ) -> Result<(), OjsError> {
         if after.job.state == JobState::Available && after.dispatch > before.dispatch {
-            self.inner
-                .queues
+            self.store
+                .queues()
+                .own
+                .registry
                 .ensure(&after.job.queue, after.job.priority, Utc::now())
                 .await?;
-            self.stored(self.send_dispatch(after).await?).await?;
+            self.store.stored(self.send_dispatch(after).await?).await?;
         }
         if let (JobState::Retryable, Some(due)) = (after.job.state, lifecycle::due_at(after)) {
             if before.job.state != JobState::Retryable {
-                self.stored(self.send_timer(&Timer::promote(after, due)).await?)
+                self.store
+                    .stored(
+                        self.store
+                            .timers()
+                            .send_timer(&Timer::promote(after, due))
+                            .await?,
+                    )
                     .await?;
             }
         }
@@ -109,14 +118,14 @@ impl Store {
             && after.transition == Transition::Failed
             && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
         if dead_lettered {
-            after.dead_letter = Some(self.add_dead_letter(after).await?);
+            after.dead_letter = Some(self.store.dead_letter().add(after).await?);
         }
         Ok(())
     }
 
     /// The record and its revision; `None` for unknown or removed ids.
-    pub(super) async fn read(
-        &self,
+    pub(in crate::store) async fn read(
+        self,
         id: &str,
         from: Replica,
     ) -> Result<Option<(JobRecord, u64)>, OjsError> {
@@ -126,17 +135,21 @@ impl Store {
         })
     }
 
-    pub(super) async fn lookup(&self, id: &str, from: Replica) -> Result<Lookup, OjsError> {
+    pub(in crate::store) async fn lookup(
+        self,
+        id: &str,
+        from: Replica,
+    ) -> Result<Lookup, OjsError> {
         if crate::domain::envelope::parse_job_id(id).is_none() {
             return Ok(Lookup::Missing);
         }
         let doing = "reading a job";
-        let mut last = cas::last(&self.inner.jobs, id, from, doing).await?;
+        let mut last = cas::last(&self.own.kv, id, from, doing).await?;
         if last.is_none() && from == Replica::Nearest {
             // Only the leader may declare a job missing: a replica still catching up (a
             // node rejoining after a partition) does not have the jobs written meanwhile,
             // and a FETCH would drop their messages, an ACK answer 404.
-            last = cas::last(&self.inner.jobs, id, Replica::Leader, doing).await?;
+            last = cas::last(&self.own.kv, id, Replica::Leader, doing).await?;
         }
         match last {
             Some(last) => found(id, last.value.as_deref(), last.revision),
@@ -146,37 +159,30 @@ impl Store {
 
     /// Writes `rec` in place of `before` if the record is still at `revision`, with the
     /// trail of the writes before it whose events may not be stored yet.
-    pub(super) async fn write(
-        &self,
+    pub(in crate::store) async fn write(
+        self,
         id: &str,
         before: &JobRecord,
         rec: &mut JobRecord,
         revision: u64,
     ) -> Result<Cas, OjsError> {
-        rec.trail = trail::carry(before, revision, self.inner.handled.through());
+        rec.trail = trail::carry(before, revision, self.store.events().own.handled.through());
         rec.from = Some(before.job.state);
         let bytes = rec.to_bytes();
-        if bytes.len() > self.inner.max_record_bytes {
-            let mut err = too_large("job", bytes.len(), self.inner.max_record_bytes);
+        if bytes.len() > self.store.inner.max_record_bytes {
+            let mut err = too_large("job", bytes.len(), self.store.inner.max_record_bytes);
             err.message = format!(
                 "This would make job {id} {} bytes, over the maximum of {} bytes: send a smaller result or error.",
                 bytes.len(),
-                self.inner.max_record_bytes
+                self.store.inner.max_record_bytes
             );
             return Err(err);
         }
-        cas::write(
-            &self.inner.jobs,
-            id,
-            bytes.into(),
-            revision,
-            "writing a job",
-        )
-        .await
+        cas::write(&self.own.kv, id, bytes.into(), revision, "writing a job").await
     }
 }
 
-impl Store {
+impl Jobs<'_> {
     /// Removes the record `rec` if the job is still at `revision`: a KV delete marker, with
     /// the queue and state it leaves in headers (`Ojs-Queue`, `Ojs-State`) so that the
     /// queue statistics count the removal from the marker alone (architecture §3.17). Not a
@@ -190,8 +196,8 @@ impl Store {
     ///
     /// # Errors
     /// When NATS failed, or did not answer by the deadline.
-    pub(super) async fn remove_record(
-        &self,
+    pub(in crate::store) async fn remove_record(
+        self,
         rec: &JobRecord,
         revision: u64,
     ) -> Result<Cas, OjsError> {
@@ -204,8 +210,12 @@ impl Store {
         );
         headers.insert(REMOVED_QUEUE, rec.job.queue.as_str());
         headers.insert(REMOVED_STATE, rec.job.state.as_str());
-        let subject = format!("$KV.{}.{}", self.inner.topology.jobs_bucket(), rec.job.id);
-        let js = &self.inner.js;
+        let subject = format!(
+            "$KV.{}.{}",
+            self.store.inner.topology.jobs_bucket(),
+            rec.job.id
+        );
+        let js = &self.store.inner.js;
         let answer = answered(doing, || async {
             js.publish_with_headers(subject.clone(), headers.clone(), bytes::Bytes::new())
                 .await?
@@ -218,7 +228,7 @@ impl Store {
         };
         match refusal(&err, PublishErrorKind::WrongLastSequence) {
             Some(_) if answer.after_silence => {
-                cas::landed(&self.inner.jobs, &rec.job.id, doing, |last| last.is_none()).await
+                cas::landed(&self.own.kv, &rec.job.id, doing, |last| last.is_none()).await
             }
             Some(why) => Ok(Cas::Refused(why)),
             None => Err(nats_failed(doing, err)),
@@ -227,12 +237,16 @@ impl Store {
 }
 
 /// Headers of a removal marker naming the queue and state of the record it removed.
-pub(super) const REMOVED_QUEUE: &str = "Ojs-Queue";
-pub(super) const REMOVED_STATE: &str = "Ojs-State";
+pub(in crate::store) const REMOVED_QUEUE: &str = "Ojs-Queue";
+pub(in crate::store) const REMOVED_STATE: &str = "Ojs-State";
 
 /// A stored value of the jobs bucket as a [`Lookup`]: a record, or (`None`) a removal
 /// marker.
-pub(super) fn found(id: &str, value: Option<&[u8]>, revision: u64) -> Result<Lookup, OjsError> {
+pub(in crate::store) fn found(
+    id: &str,
+    value: Option<&[u8]>,
+    revision: u64,
+) -> Result<Lookup, OjsError> {
     let Some(value) = value else {
         return Ok(Lookup::Removed);
     };
@@ -243,7 +257,7 @@ pub(super) fn found(id: &str, value: Option<&[u8]>, revision: u64) -> Result<Loo
 }
 
 /// Acknowledges, extends or rejects a delivered message; a lost ack is repaired by redelivery.
-pub(super) async fn settle(msg: &async_nats::jetstream::Message, kind: AckKind) {
+pub(in crate::store) async fn settle(msg: &async_nats::jetstream::Message, kind: AckKind) {
     if let Err(err) = msg.ack_with(kind).await {
         warn!(error = %err, "could not settle a queue message");
     }

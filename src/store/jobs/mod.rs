@@ -1,0 +1,61 @@
+//! Jobs: their records in the jobs bucket, and every operation on them — PUSH, FETCH, the
+//! transitions, progress, listings and bulk operations — with the unique locks and batch
+//! marks a PUSH takes. `store.jobs()`.
+
+pub(super) mod batches;
+mod bulk;
+mod enqueue;
+mod fetch;
+mod listing;
+mod progress;
+mod recent;
+pub(super) mod records;
+mod transitions;
+mod unique;
+
+use async_nats::jetstream::kv;
+
+pub use enqueue::Enqueued;
+pub use listing::JobPage;
+pub use progress::Reported;
+pub use records::Settled;
+pub use unique::ended_lock;
+
+use super::Store;
+
+/// Job records remembered for the next operation on them (`recent.rs`). A remembered record
+/// takes about 2.3 KB (measured: 4,096 of them added 9–10 MB of RSS), so this is ~2.5 MB;
+/// it covers the jobs in flight between PUSH, FETCH and ACK when queues are short.
+const RECENT_RECORDS: usize = 1024;
+
+/// The jobs resource, as a caller holds it: the store and what the resource owns.
+#[derive(Clone, Copy)]
+pub struct Jobs<'a> {
+    pub(super) store: &'a Store,
+    pub(super) own: &'a Owned,
+}
+
+/// What the jobs resource owns.
+pub(super) struct Owned {
+    pub(super) kv: kv::Store,
+    /// Unique-job locks (`unique.rs`).
+    pub(super) unique: kv::Store,
+    /// Marks of batch PUSHes under way (`batches.rs`).
+    pub(super) batches: kv::Store,
+    /// Records this gateway wrote last: the first guess of a compare-and-set.
+    pub(super) recent: recent::RecentRecords,
+    /// Spaces this gateway's progress writes of a job a second apart (`progress.rs`).
+    pub(super) progress: std::sync::Mutex<crate::domain::progress::Throttle>,
+}
+
+impl Owned {
+    pub(super) fn new(kv: kv::Store, unique: kv::Store, batches: kv::Store) -> Owned {
+        Owned {
+            kv,
+            unique,
+            batches,
+            recent: recent::RecentRecords::new(RECENT_RECORDS),
+            progress: std::sync::Mutex::default(),
+        }
+    }
+}

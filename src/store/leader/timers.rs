@@ -1,0 +1,317 @@
+//! The timer scheduler's side of the timers stream: reading it in due order, firing what is
+//! due (promotions, retries, expiries, deadlines, batch, workflow and worker timers) and
+//! arming the deadlines of jobs the event publisher sees start.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::AckKind;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use tracing::warn;
+
+use super::Leader;
+use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::JobRecord;
+use crate::domain::lifecycle::{self, Deadline};
+use crate::store::cas::{self, Replica};
+use crate::store::error::{backend, consumer_missing, nats_failed};
+use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
+use crate::store::timers::{Timer, TimerKind};
+
+/// The scheduler consumer's bound on unacknowledged timers; `max_pending_timers` stays
+/// below it (`config::MAX_PENDING_TIMERS_LIMIT`).
+pub const MAX_ACK_PENDING: i64 = 10_000_000;
+
+/// A job record read ahead of its timer's due time. The firing's first compare-and-set uses
+/// it instead of a read; like a remembered record (§3.12) it only ever decides a write, so a
+/// record changed meanwhile costs a refused write and a read, nothing else.
+pub struct ReadAhead {
+    pub(super) record: JobRecord,
+    pub(super) revision: u64,
+    bytes: usize,
+}
+
+impl ReadAhead {
+    /// The size of the record as stored, for the leader's bound on what it keeps.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// A timer read from the feed; acknowledge it once fired.
+///
+/// Keeps a copy of the delivery's reply subject rather than the message: a received payload
+/// shares its allocation with everything else read from the connection at the time, so
+/// holding messages until they are due would keep all of that alive too (gateway RSS
+/// +122 MB against +39 MB with 100,000 timers pending, `bench --scenarios timers`).
+pub struct PendingTimer {
+    pub timer: Timer,
+    /// The timer's sequence in the timers stream: the same on every redelivery.
+    pub sequence: u64,
+    /// When NATS stored it.
+    stored_at: DateTime<Utc>,
+    ack_subject: String,
+}
+
+impl PendingTimer {
+    /// Takes over a redelivery's reply subject: only the latest delivery's ack settles the
+    /// message.
+    pub fn redelivered(&mut self, again: PendingTimer) {
+        self.ack_subject = again.ack_subject;
+    }
+}
+
+/// The leader's feed of pending timers.
+pub struct TimerFeed {
+    messages: futures::stream::BoxStream<
+        'static,
+        Result<async_nats::jetstream::Message, pull::MessagesError>,
+    >,
+}
+
+impl TimerFeed {
+    /// The next pending timer; `None` when the feed ended.
+    pub async fn next(&mut self) -> Option<PendingTimer> {
+        loop {
+            let msg = match self.messages.next().await? {
+                Ok(msg) => msg,
+                Err(err) => {
+                    warn!(error = %err, "timer feed error");
+                    continue;
+                }
+            };
+            let Some(reply) = msg.reply.as_ref() else {
+                continue;
+            };
+            let Ok((sequence, published)) = msg
+                .info()
+                .map(|info| (info.stream_sequence, info.published))
+            else {
+                continue;
+            };
+            let stored_at = DateTime::from_timestamp_nanos(published.unix_timestamp_nanos() as i64);
+            match serde_json::from_slice::<Timer>(&msg.payload) {
+                Ok(timer) => {
+                    return Some(PendingTimer {
+                        timer,
+                        sequence,
+                        stored_at,
+                        ack_subject: reply.to_string(),
+                    })
+                }
+                Err(err) => {
+                    warn!(error = %err, "dropping an unreadable timer");
+                    let _ = msg.ack().await;
+                }
+            }
+        }
+    }
+}
+
+impl Leader<'_> {
+    /// Stores deadline timers (from the leader's deadline watch), all acknowledged.
+    ///
+    /// # Errors
+    /// When one is not stored; publishing them all again is harmless.
+    pub async fn arm_deadlines(self, timers: &[Timer]) -> Result<(), OjsError> {
+        let mut sent = Vec::with_capacity(timers.len());
+        for timer in timers {
+            sent.push(self.store.timers().send_timer(timer).await?);
+        }
+        self.store.all_stored(sent).await
+    }
+
+    /// Opens the timer feed from the start: the consumer is recreated, so every timer not
+    /// yet acknowledged — including ones a previous leader held — is delivered again.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub async fn timer_feed(self) -> Result<TimerFeed, OjsError> {
+        let t = &self.store.inner.topology;
+        let stream = self
+            .store
+            .inner
+            .js
+            .get_stream(t.timers_stream())
+            .await
+            .map_err(backend("opening the timers stream"))?;
+        // Only a consumer known gone may be created again: were the delete lost (a NATS
+        // election), the create would return the old consumer, whose timers the previous
+        // leader holds unacknowledged for its 24 h AckWait.
+        match stream.delete_consumer(&t.scheduler_consumer()).await {
+            Ok(_) => {}
+            Err(err) if consumer_missing(&err) => {}
+            Err(err) => return Err(nats_failed("removing the old timer consumer", err)),
+        }
+        let consumer: PullConsumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(t.scheduler_consumer()),
+                ack_policy: AckPolicy::Explicit,
+                deliver_policy: DeliverPolicy::All,
+                // Held until fired; a new leader recreates the consumer instead of waiting.
+                ack_wait: Duration::from_secs(24 * 3600),
+                max_ack_pending: MAX_ACK_PENDING,
+                num_replicas: t.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend("creating the timer consumer"))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(backend("reading timers"))?;
+        Ok(TimerFeed {
+            messages: messages.boxed(),
+        })
+    }
+
+    /// Fires a due timer. Stale timers, and timers of jobs that no longer exist (an admin
+    /// reset), do nothing.
+    ///
+    /// # Errors
+    /// When NATS fails; the timer stays pending and is fired again later.
+    ///
+    /// # Errors
+    /// `not_found` for a promote or expire timer younger than `ORPHAN_GRACE` whose record
+    /// is not written yet (its PUSH is still under way): to be fired again a moment later.
+    /// Otherwise when NATS fails.
+    pub async fn fire_timer(
+        self,
+        pending: &PendingTimer,
+        ahead: Option<ReadAhead>,
+    ) -> Result<(), OjsError> {
+        let timer = &pending.timer;
+        let ahead = ahead.map(|a| (a.record, a.revision));
+        let fired = match timer.kind {
+            TimerKind::Promote => self
+                .store
+                .jobs()
+                .transition_from(&timer.id, ahead, |rec, now| {
+                    Ok(lifecycle::promote(rec, now, timer.dispatch))
+                })
+                .await
+                .map(drop),
+            TimerKind::Deadline => self.fire_deadline(timer).await,
+            TimerKind::Worker => self.store.workers().worker_expired(&timer.id).await,
+            TimerKind::Workflow => self.workflow_timer_fired(&timer.id).await,
+            TimerKind::Batch => self.store.jobs().batch_timer_fired(timer).await,
+            TimerKind::Expire => self
+                .store
+                .jobs()
+                .transition_from(&timer.id, ahead, |rec, now| Ok(lifecycle::expire(rec, now)))
+                .await
+                .map(drop),
+        };
+        let awaits_its_record = matches!(timer.kind, TimerKind::Promote | TimerKind::Expire)
+            && Utc::now() - pending.stored_at
+                < chrono::Duration::from_std(ORPHAN_GRACE).expect("small");
+        match fired {
+            Err(err) if err.code == ErrorCode::NotFound && !awaits_its_record => Ok(()),
+            other => other,
+        }
+    }
+
+    /// An active job's deadline: fail it (execution timeout) or return it to the queue
+    /// (lapsed reservation); if a heartbeat moved the deadline, set a timer for the new one.
+    async fn fire_deadline(self, timer: &Timer) -> Result<(), OjsError> {
+        let later = Mutex::new(None);
+        let jitter = rand::random_range(0.5..1.5);
+        let default_timeout = self.store.inner.execution_timeout;
+        let settled = self
+            .store
+            .jobs()
+            .transition(&timer.id, |rec, now| {
+                Ok(
+                    match lifecycle::on_deadline(
+                        rec,
+                        now,
+                        timer.dispatch,
+                        timer.attempt,
+                        default_timeout,
+                        jitter,
+                    ) {
+                        Deadline::Expired(next) => Some(*next),
+                        Deadline::NotYet(due) => {
+                            *later.lock().expect("deadline lock") = Some(due);
+                            None
+                        }
+                        Deadline::Stale => None,
+                    },
+                )
+            })
+            .await?;
+        self.store.jobs().release(&settled).await;
+        let later = *later.lock().expect("deadline lock");
+        if let Some(due) = later {
+            self.store
+                .stored(
+                    self.store
+                        .timers()
+                        .send_timer(&Timer::deadline(&settled.after, due))
+                        .await?,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the job record `timer` will change, ahead of its due time; `None` for other
+    /// kinds of timer, a job that is gone, or a read that failed (the firing reads then).
+    pub async fn read_ahead(self, timer: &Timer) -> Option<ReadAhead> {
+        if !timer.reads_ahead() {
+            return None;
+        }
+        let last = cas::last(
+            &self.store.jobs().own.kv,
+            &timer.id,
+            Replica::Nearest,
+            "reading a job ahead of its timer",
+        )
+        .await
+        .ok()??;
+        let bytes = last.value.as_ref()?.len();
+        match found(&timer.id, last.value.as_deref(), last.revision).ok()? {
+            Lookup::Found(record, revision) => Some(ReadAhead {
+                record: *record,
+                revision,
+                bytes,
+            }),
+            Lookup::Removed | Lookup::Missing => None,
+        }
+    }
+
+    /// Removes a fired timer from the stream.
+    pub async fn timer_done(self, timer: PendingTimer) {
+        let client = self.store.inner.js.client();
+        if let Err(err) = client.publish(timer.ack_subject, Bytes::new()).await {
+            warn!(error = %err, "could not acknowledge a fired timer");
+        }
+    }
+
+    /// Hands a timer back to JetStream, to be delivered again after `delay` (a NAK with a
+    /// delay, confirmed by the server).
+    ///
+    /// # Errors
+    /// When the server does not confirm it; the caller keeps the timer then.
+    pub async fn hand_back(self, timer: &PendingTimer, delay: Duration) -> Result<(), OjsError> {
+        self.store
+            .inner
+            .js
+            .client()
+            .request(
+                timer.ack_subject.clone(),
+                Bytes::from(AckKind::Nak(Some(delay))),
+            )
+            .await
+            .map(drop)
+            .map_err(backend("handing a timer back"))
+    }
+
+    /// How many timers the leader may hold in memory ahead of their due time, in ms.
+    pub fn timer_horizon_ms(self) -> u64 {
+        self.store.inner.timer_horizon_ms
+    }
+}

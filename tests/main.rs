@@ -18,6 +18,7 @@ mod failpoints;
 mod faults;
 mod fuzz_http;
 mod hostile;
+mod imports;
 mod leader_stall;
 mod lifecycle;
 mod metrics;

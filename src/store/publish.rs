@@ -79,7 +79,13 @@ impl Store {
             ack,
             doing,
         } = sent;
-        match ack.await {
+        // The acknowledgement waits up to `nats_timeout_ms`, which may end past the
+        // request's deadline: the deadline cuts it, as it cuts every step of a request
+        // (the message may have landed, as after any write NATS did not answer).
+        let Ok(said) = tokio::time::timeout_at(deadline::current(), ack).await else {
+            return Err(out_of_time(doing));
+        };
+        match said {
             Ok(ack) => Ok(ack),
             Err(err) if unanswered(&err) => {
                 let again = || async {

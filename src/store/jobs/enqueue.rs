@@ -328,8 +328,10 @@ impl Jobs<'_> {
         rec: &JobRecord,
         bytes: &bytes::Bytes,
     ) -> Result<Option<Option<u64>>, OjsError> {
+        // At the leader: the key was just found taken there, and a replica catching up (a
+        // node rejoining after a partition) may not have the record yet.
         let Some(last) =
-            cas::last(&self.own.kv, &rec.job.id, Replica::Nearest, "reading a job").await?
+            cas::last(&self.own.kv, &rec.job.id, Replica::Leader, "reading a job").await?
         else {
             return Ok(None);
         };

@@ -92,9 +92,9 @@ pub(super) async fn last(
 ///
 /// A try whose answer was lost may have landed; the next try is then refused. So after
 /// silence, a write still in flight is waited out (it may be this one), and an outdated
-/// revision is checked against the key's last write at the stream leader: the very bytes
-/// of this write mean it landed (job records carry their times and trail, so another
-/// writer's value differs).
+/// revision is checked against the key's first write after `revision` at the stream
+/// leader: the very bytes of this write mean it landed (job records carry their times and
+/// trail, so another writer's value differs).
 pub(super) async fn write(
     kv: &kv::Store,
     key: &str,
@@ -113,7 +113,7 @@ pub(super) async fn write(
         match refusal(&err, kv::UpdateErrorKind::WrongLastRevision) {
             Some(Refused::InFlight) if after_silence => pause_after(Refused::InFlight, round).await,
             Some(Refused::Outdated) if after_silence => {
-                return landed(kv, key, doing, |last| last == Some(&value)).await;
+                return landed(kv, key, revision, doing, |first| first == Some(&value)).await;
             }
             Some(why) => return Ok(Cas::Refused(why)),
             None => return Err(nats_failed(doing, err)),
@@ -122,19 +122,47 @@ pub(super) async fn write(
     Ok(Cas::Refused(Refused::InFlight))
 }
 
-/// Whether a write refused after an unanswered try landed after all: the key's last write
-/// at the stream leader is `ours` (its value; `None` for a removal) — written at that
-/// revision — or another writer's, an outdated revision.
+/// Whether a write refused after an unanswered try landed after all: the key's first write
+/// after `since` (the revision the write was conditional on) at the stream leader is
+/// `ours` (its value; `None` for a removal) — written at that revision — or another
+/// writer's, an outdated revision. The first, not the last: a write that landed may
+/// already have been followed by another (a failed job's retry made available again
+/// while its FAIL waited out an election).
 pub(super) async fn landed(
     kv: &kv::Store,
     key: &str,
+    since: u64,
     doing: &str,
     ours: impl Fn(Option<&Bytes>) -> bool,
 ) -> Result<Cas, OjsError> {
-    Ok(match last(kv, key, Replica::Leader, doing).await? {
-        Some(last) if ours(last.value.as_ref()) => Cas::Written(last.revision),
-        _ => Cas::Refused(Refused::Outdated),
+    let subject = format!("{}{key}", kv.prefix);
+    let said = answered(doing, || {
+        kv.stream
+            .raw_message_builder()
+            .sequence(since + 1)
+            .next_by_subject(subject.clone())
+            .send()
     })
+    .await?;
+    match said.said {
+        Ok(first) => {
+            // A put carries no operation header; deletes and purges name theirs.
+            let value = first
+                .headers
+                .get("KV-Operation")
+                .is_none()
+                .then_some(&first.payload);
+            Ok(if ours(value) {
+                Cas::Written(first.sequence)
+            } else {
+                Cas::Refused(Refused::Outdated)
+            })
+        }
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            Ok(Cas::Refused(Refused::Outdated))
+        }
+        Err(err) => Err(nats_failed(doing, err)),
+    }
 }
 
 /// Before the next round after a refused write: none after an outdated revision (read

@@ -191,8 +191,8 @@ impl Jobs<'_> {
     /// them. The job's earlier writes stay until the pruner removes the job (§3.13).
     ///
     /// Sent again while NATS does not answer; a marker refused after silence is looked up
-    /// at the stream leader: a removal as the key's last write means one landed (nothing
-    /// writes a removed job again).
+    /// at the stream leader: a removal as the key's first write after `revision` means one
+    /// landed.
     ///
     /// # Errors
     /// When NATS failed, or did not answer by the deadline.
@@ -228,7 +228,10 @@ impl Jobs<'_> {
         };
         match refusal(&err, PublishErrorKind::WrongLastSequence) {
             Some(_) if answer.after_silence => {
-                cas::landed(&self.own.kv, &rec.job.id, doing, |last| last.is_none()).await
+                cas::landed(&self.own.kv, &rec.job.id, revision, doing, |first| {
+                    first.is_none()
+                })
+                .await
             }
             Some(why) => Ok(Cas::Refused(why)),
             None => Err(nats_failed(doing, err)),

@@ -19,6 +19,7 @@ mod faults;
 mod fuzz_http;
 mod hostile;
 mod imports;
+mod leader_services;
 mod leader_stall;
 mod lifecycle;
 mod metrics;

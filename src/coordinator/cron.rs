@@ -27,57 +27,63 @@ impl CronScheduler {
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         loop {
             pulse.working();
-            let now = Utc::now();
-            let entries = self.store.cron().list();
-            let due: Vec<_> = entries
-                .iter()
-                .filter(|e| e.enabled)
-                .filter_map(|e| {
-                    e.next_run_at
-                        .filter(|t| *t <= now)
-                        .map(|t| (e.name.clone(), t))
-                })
-                .collect();
-            let fired = join_all(
-                due.iter()
-                    .map(|(name, tick)| self.store.leader().fire_cron(name, *tick)),
-            )
-            .await;
-            for ((name, tick), outcome) in due.iter().zip(fired) {
-                match outcome {
-                    Ok(TickOutcome::Stale) | Ok(TickOutcome::Enqueued(_)) => {}
-                    Ok(TickOutcome::Skipped(previous)) => {
-                        debug!(cron = %name, %tick, %previous, "tick skipped: previous job still running")
-                    }
-                    Ok(TickOutcome::Refused(reason)) => {
-                        warn!(cron = %name, %tick, %reason, "tick skipped: its job was refused")
-                    }
-                    Err(err) => {
-                        warn!(cron = %name, %tick, error = %err, "firing a cron tick failed; it stays due")
-                    }
-                }
-            }
-            let next = self
-                .store
-                .cron()
-                .list()
-                .iter()
-                .filter(|e| e.enabled)
-                .filter_map(|e| e.next_run_at)
-                .min();
-            let until_next = next.map_or(Duration::from_secs(1), |t| {
-                (t - Utc::now()).to_std().unwrap_or_default()
-            });
-            let wait = if due.is_empty() {
-                until_next.min(Duration::from_secs(1))
-            } else {
-                until_next.min(Duration::from_millis(200))
-            };
+            let wait = self.run_once().await;
             pulse.idle();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// One round: fires every tick due now; how long until the next round (the earliest
+    /// next tick, a second at most; 200 ms after a round that fired, for entries due again).
+    pub async fn run_once(&self) -> Duration {
+        let now = Utc::now();
+        let entries = self.store.cron().list();
+        let due: Vec<_> = entries
+            .iter()
+            .filter(|e| e.enabled)
+            .filter_map(|e| {
+                e.next_run_at
+                    .filter(|t| *t <= now)
+                    .map(|t| (e.name.clone(), t))
+            })
+            .collect();
+        let fired = join_all(
+            due.iter()
+                .map(|(name, tick)| self.store.leader().fire_cron(name, *tick)),
+        )
+        .await;
+        for ((name, tick), outcome) in due.iter().zip(fired) {
+            match outcome {
+                Ok(TickOutcome::Stale) | Ok(TickOutcome::Enqueued(_)) => {}
+                Ok(TickOutcome::Skipped(previous)) => {
+                    debug!(cron = %name, %tick, %previous, "tick skipped: previous job still running")
+                }
+                Ok(TickOutcome::Refused(reason)) => {
+                    warn!(cron = %name, %tick, %reason, "tick skipped: its job was refused")
+                }
+                Err(err) => {
+                    warn!(cron = %name, %tick, error = %err, "firing a cron tick failed; it stays due")
+                }
+            }
+        }
+        let next = self
+            .store
+            .cron()
+            .list()
+            .iter()
+            .filter(|e| e.enabled)
+            .filter_map(|e| e.next_run_at)
+            .min();
+        let until_next = next.map_or(Duration::from_secs(1), |t| {
+            (t - Utc::now()).to_std().unwrap_or_default()
+        });
+        if due.is_empty() {
+            until_next.min(Duration::from_secs(1))
+        } else {
+            until_next.min(Duration::from_millis(200))
         }
     }
 }

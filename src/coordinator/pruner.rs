@@ -24,6 +24,9 @@ pub struct Pruner {
     max_age: Duration,
     /// The leadership it prunes for: only behind that leadership's event publisher.
     term: u64,
+    /// Where the next round starts: read from the bucket when leading starts and after a
+    /// failure, kept in memory between.
+    cursor: Option<u64>,
 }
 
 impl Pruner {
@@ -32,11 +35,12 @@ impl Pruner {
             store,
             max_age,
             term,
+            cursor: None,
         }
     }
 
     /// Works (`pulse`) through each round.
-    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
+    pub async fn run(mut self, cancel: CancellationToken, pulse: Pulse) {
         let version = self.store.nats_version();
         if purges_scan_the_stream(&version) {
             warn!(
@@ -47,22 +51,31 @@ impl Pruner {
                  pruning off)"
             );
         }
-        // Read from the bucket when leading starts and after a failure; kept in memory between.
-        let mut cursor = None;
         while !cancel.is_cancelled() {
             pulse.working();
-            let pause = match self.round(&mut cursor).await {
-                Ok(pause) => pause,
-                Err(err) => {
-                    warn!(error = %err, "pruning finished jobs failed; retrying");
-                    cursor = None;
-                    IDLE
-                }
-            };
+            let pause = self.run_once().await;
             pulse.idle();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// One round: prunes what is due in the next window of the jobs stream; how long to
+    /// wait before the next round (until the next job comes due, or a second when nothing
+    /// is readable or the round failed).
+    pub async fn run_once(&mut self) -> Duration {
+        let mut cursor = self.cursor;
+        match self.round(&mut cursor).await {
+            Ok(pause) => {
+                self.cursor = cursor;
+                pause
+            }
+            Err(err) => {
+                warn!(error = %err, "pruning finished jobs failed; retrying");
+                self.cursor = None;
+                IDLE
             }
         }
     }

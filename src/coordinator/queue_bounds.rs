@@ -25,6 +25,8 @@ const SWEEP_MAX: usize = 1_000;
 pub struct QueueBounds {
     store: Store,
     metrics: Metrics,
+    /// The bounded queues this leadership watches.
+    watched: HashMap<String, Watched>,
 }
 
 /// What the leadership knows of one bounded queue.
@@ -38,13 +40,15 @@ struct Watched {
 
 impl QueueBounds {
     pub fn new(store: Store, metrics: Metrics) -> QueueBounds {
-        QueueBounds { store, metrics }
+        QueueBounds {
+            store,
+            metrics,
+            watched: HashMap::new(),
+        }
     }
 
-    /// Works (`pulse`) through each round.
-    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        let grace = self.store.leader().token_grace();
-        let mut watched: HashMap<String, Watched> = HashMap::new();
+    /// Works (`pulse`) through each round, one every [`EVERY`].
+    pub async fn run(mut self, cancel: CancellationToken, pulse: Pulse) {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => {
@@ -54,62 +58,69 @@ impl QueueBounds {
                 _ = tokio::time::sleep(EVERY) => {}
             }
             pulse.working();
-            let bounded = self.store.leader().bounded_queues();
-            watched.retain(|queue, _| bounded.iter().any(|(q, _)| q == queue));
-            let mut pressures = Vec::with_capacity(bounded.len());
-            for (queue, bound) in bounded {
-                let seen = watched.entry(queue.clone()).or_default();
-                match self.store.leader().depth_now(&queue).await {
-                    Ok(depth) => {
-                        pressures.push((queue.clone(), bound.pressure(depth)));
-                        if let Some(warns) = bound.crossing(seen.warned, depth) {
-                            let kind = if warns {
-                                "backpressure.warning"
-                            } else {
-                                "backpressure.cleared"
-                            };
-                            let event = backpressure_event(
-                                kind,
-                                bound.event_data(&queue, depth, None),
-                                uuid::Uuid::now_v7(),
-                                Utc::now(),
-                                self.store.events().source(),
-                            );
-                            match self.store.events().publish(&[event]).await {
-                                Ok(()) => seen.warned = warns,
-                                Err(err) => {
-                                    warn!(queue, error = %err, "could not announce a queue's pressure")
-                                }
+            self.run_once().await;
+            pulse.idle();
+        }
+    }
+
+    /// One round: every bounded queue's depth read, a crossing of its warning level
+    /// announced, its pressure published as a metric, and its places left by crashes freed.
+    pub async fn run_once(&mut self) {
+        let grace = self.store.leader().token_grace();
+        let bounded = self.store.leader().bounded_queues();
+        self.watched
+            .retain(|queue, _| bounded.iter().any(|(q, _)| q == queue));
+        let mut pressures = Vec::with_capacity(bounded.len());
+        for (queue, bound) in bounded {
+            let seen = self.watched.entry(queue.clone()).or_default();
+            match self.store.leader().depth_now(&queue).await {
+                Ok(depth) => {
+                    pressures.push((queue.clone(), bound.pressure(depth)));
+                    if let Some(warns) = bound.crossing(seen.warned, depth) {
+                        let kind = if warns {
+                            "backpressure.warning"
+                        } else {
+                            "backpressure.cleared"
+                        };
+                        let event = backpressure_event(
+                            kind,
+                            bound.event_data(&queue, depth, None),
+                            uuid::Uuid::now_v7(),
+                            Utc::now(),
+                            self.store.events().source(),
+                        );
+                        match self.store.events().publish(&[event]).await {
+                            Ok(()) => seen.warned = warns,
+                            Err(err) => {
+                                warn!(queue, error = %err, "could not announce a queue's pressure")
                             }
                         }
                     }
-                    Err(err) => {
-                        warn!(queue, error = %err, "could not read a bounded queue's depth")
-                    }
                 }
-                match self
-                    .store
-                    .leader()
-                    .sweep_depth_tokens(&queue, seen.sweep_from, grace, SWEEP_MAX)
-                    .await
-                {
-                    Ok((next, freed)) => {
-                        seen.sweep_from = next;
-                        if freed > 0 {
-                            info!(
-                                queue,
-                                freed,
-                                "freed places in a bounded queue whose jobs never came to be"
-                            );
-                        }
-                    }
-                    Err(err) => {
-                        warn!(queue, error = %err, "could not sweep a bounded queue's places")
-                    }
+                Err(err) => {
+                    warn!(queue, error = %err, "could not read a bounded queue's depth")
                 }
             }
-            self.metrics.set_backpressure(&pressures);
-            pulse.idle();
+            match self
+                .store
+                .leader()
+                .sweep_depth_tokens(&queue, seen.sweep_from, grace, SWEEP_MAX)
+                .await
+            {
+                Ok((next, freed)) => {
+                    seen.sweep_from = next;
+                    if freed > 0 {
+                        info!(
+                            queue,
+                            freed, "freed places in a bounded queue whose jobs never came to be"
+                        );
+                    }
+                }
+                Err(err) => {
+                    warn!(queue, error = %err, "could not sweep a bounded queue's places")
+                }
+            }
         }
+        self.metrics.set_backpressure(&pressures);
     }
 }

@@ -22,25 +22,36 @@ impl SlotSweeper {
         SlotSweeper { store }
     }
 
-    /// Works (`pulse`) through each round.
+    /// Works (`pulse`) through each round, one every [`EVERY`].
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        let grace = self.store.leader().slot_grace();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(EVERY) => {}
             }
             pulse.working();
-            for queue in self.store.leader().concurrency_limited_queues() {
-                match self.store.leader().sweep_slots(&queue, grace).await {
-                    Ok(0) => {}
-                    Ok(freed) => info!(queue, freed, "freed running places whose jobs had ended"),
-                    Err(err) => {
-                        warn!(queue, error = %err, "could not sweep a queue's running places")
-                    }
-                }
-            }
+            self.run_once().await;
             pulse.idle();
         }
+    }
+
+    /// One round: frees the places of every limited queue whose job no longer runs under
+    /// them and is older than the grace; how many it freed.
+    pub async fn run_once(&self) -> usize {
+        let grace = self.store.leader().slot_grace();
+        let mut freed_in_all = 0;
+        for queue in self.store.leader().concurrency_limited_queues() {
+            match self.store.leader().sweep_slots(&queue, grace).await {
+                Ok(0) => {}
+                Ok(freed) => {
+                    info!(queue, freed, "freed running places whose jobs had ended");
+                    freed_in_all += freed;
+                }
+                Err(err) => {
+                    warn!(queue, error = %err, "could not sweep a queue's running places")
+                }
+            }
+        }
+        freed_in_all
     }
 }

@@ -1,0 +1,128 @@
+//! The leader's periodic services stepped one round at a time (`run_once`), by a test that
+//! holds the coordinator lease itself: the gateway beside it serves requests but never
+//! leads, so every round the test sees is one the test ran, with no service timer waited
+//! on.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
+use ojs_jetstream::config::Config;
+use ojs_jetstream::coordinator::{CronScheduler, QueueBounds};
+use ojs_jetstream::store::{connection, Store};
+use ojs_jetstream::telemetry::metrics::Metrics;
+use serde_json::{json, Value};
+
+/// A store of its own and the coordinator lease held by the test, then a gateway that
+/// therefore never leads while the test runs.
+async fn without_a_leader(nats_url: &str) -> (Store, TestApp) {
+    let config = Config {
+        // Longer than any test here: the lease is taken once and not renewed.
+        lease_ttl_ms: 60_000,
+        ..test_config(nats_url)
+    };
+    let store = connection::connect(&config).await.unwrap();
+    let mut lease = store.leases().contender("coordinator", "the test");
+    assert!(lease.try_hold().await.is_some(), "the test holds the lease");
+    let app = spawn_app_with(config).await;
+    (store, app)
+}
+
+/// Every job `queue` holds now, claimed at once (no long poll).
+async fn claim_all(app: &TestApp, queue: &str) -> Vec<Value> {
+    let r = app
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": [queue], "worker_id": "w", "count": 10, "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["jobs"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_cron_round_fires_what_is_due_once_and_nothing_early() {
+    let nats = NatsServer::start();
+    let (store, app) = without_a_leader(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/cron",
+            json!({"name": "every-second", "expression": "* * * * * *",
+                   "job_template": {"type": "tick", "args": [], "options": {"queue": "ticks"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let cron = CronScheduler::new(store.clone());
+    // The test's store learns of the entry through its mirror of the cron bucket.
+    let due: DateTime<Utc> = eventually(Duration::from_secs(5), "the entry", || async {
+        store.cron().list().first().and_then(|e| e.next_run_at)
+    })
+    .await;
+    // A leader would fire the tick as it comes due; there is none.
+    let until_due = (due - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(until_due + Duration::from_millis(300)).await;
+    assert!(
+        claim_all(&app, "ticks").await.is_empty(),
+        "a leader fired it"
+    );
+
+    // Two rounds at once: the first fires the tick that came due, the second finds the
+    // entry's next tick a second away and fires nothing.
+    let wait = cron.run_once().await;
+    cron.run_once().await;
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    let fired = claim_all(&app, "ticks").await;
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0]["type"], "tick");
+}
+
+#[tokio::test]
+async fn a_queue_bounds_round_announces_a_queue_past_its_warning_level_once() {
+    let nats = NatsServer::start();
+    let (store, app) = without_a_leader(&nats.url).await;
+    let r = app
+        .put(
+            "/ojs/v1/admin/queues/bp/config",
+            json!({"backpressure": {"max_depth": 4, "warning_threshold": 0.5}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    for i in 0..3 {
+        let r = app
+            .post(
+                "/ojs/v1/jobs",
+                json!({"type": "bp.t", "args": [i], "options": {"queue": "bp"}}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let warnings = || async {
+        app.get("/ojs/v1/events?types=backpressure.warning&queues=bp")
+            .await
+            .body["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(warnings().await.is_empty(), "no leader announced it");
+
+    // Rounds until the test's store has learnt of the bound through its queue registry.
+    let mut bounds = QueueBounds::new(store.clone(), Metrics::new());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let announced = loop {
+        bounds.run_once().await;
+        let found = warnings().await;
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no warning after 5 s of rounds");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert_eq!(announced[0]["data"]["depth"], 3, "{announced:?}");
+    // A crossing is announced once: another round says nothing new.
+    bounds.run_once().await;
+    assert_eq!(warnings().await.len(), 1);
+}

@@ -47,7 +47,7 @@ impl QueueBounds {
         }
     }
 
-    /// Works (`pulse`) through each round, one every [`EVERY`].
+    /// Works (`pulse`) through each round, one every `EVERY`.
     pub async fn run(mut self, cancel: CancellationToken, pulse: Pulse) {
         loop {
             tokio::select! {

@@ -22,7 +22,7 @@ impl SlotSweeper {
         SlotSweeper { store }
     }
 
-    /// Works (`pulse`) through each round, one every [`EVERY`].
+    /// Works (`pulse`) through each round, one every `EVERY`.
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         loop {
             tokio::select! {

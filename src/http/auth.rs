@@ -47,7 +47,8 @@ pub struct Keys {
 
 impl Keys {
     /// # Errors
-    /// As [`KeyList::digests`]; `Config::validate` has refused such settings already.
+    /// As [`crate::config::KeyList::digests`]; `Config::validate` has refused such settings
+    /// already.
     pub fn from_config(config: &Config) -> Result<Keys, String> {
         Ok(Keys {
             api: ApiKeys(config.api_keys.digests()?),

@@ -16,7 +16,7 @@ use crate::domain::error::OjsError;
 /// forming, a server restarting); every failed try is logged with its reason.
 ///
 /// # Errors
-/// When the options cannot be made (see [`options`]): a setting to fix, not worth waiting.
+/// When the options cannot be made (see `options`): a setting to fix, not worth waiting.
 pub async fn connect(config: &Config) -> Result<Store, OjsError> {
     let options = options(config).await.map_err(OjsError::backend)?;
     let mut delay = Duration::from_millis(250);

@@ -66,12 +66,8 @@ impl Pruner {
     /// wait before the next round (until the next job comes due, or a second when nothing
     /// is readable or the round failed).
     pub async fn run_once(&mut self) -> Duration {
-        let mut cursor = self.cursor;
-        match self.round(&mut cursor).await {
-            Ok(pause) => {
-                self.cursor = cursor;
-                pause
-            }
+        match self.round().await {
+            Ok(pause) => pause,
             Err(err) => {
                 warn!(error = %err, "pruning finished jobs failed; retrying");
                 self.cursor = None;
@@ -81,8 +77,8 @@ impl Pruner {
     }
 
     /// Prunes what is due in the next window; returns how long to wait before the next round.
-    async fn round(&self, cursor: &mut Option<u64>) -> Result<Duration, OjsError> {
-        let from = match *cursor {
+    async fn round(&mut self) -> Result<Duration, OjsError> {
+        let from = match self.cursor {
             Some(next) => next,
             None => self.store.leader().pruner_cursor().await?,
         };
@@ -90,7 +86,7 @@ impl Pruner {
         // Sequences start at 1; an empty stream reports 0 as its first.
         let from = from.max(*readable.start()).max(1);
         if from > *readable.end() {
-            *cursor = Some(from);
+            self.cursor = Some(from);
             return Ok(IDLE);
         }
         let through = (*readable.end()).min(from + WINDOW - 1);
@@ -118,7 +114,7 @@ impl Pruner {
         if next > from {
             self.store.leader().save_pruner_cursor(next).await?;
         }
-        *cursor = Some(next);
+        self.cursor = Some(next);
         Ok(pause)
     }
 

@@ -17,7 +17,7 @@ use crate::coordinator::{Coordinator, Stalls};
 use crate::domain::error::OjsError;
 use crate::http::auth::Keys;
 use crate::http::{serve, AppState};
-use crate::store::connection;
+use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 
@@ -35,7 +35,7 @@ pub async fn run(
     let keys = Keys::from_config(&config).map_err(OjsError::backend)?;
     let shutdown = shutdown.shared();
     let store = tokio::select! {
-        store = connection::connect(&config) => store?,
+        store = Store::connect(&config) => store?,
         _ = shutdown.clone() => return Ok(()),
     };
     let cancel = CancellationToken::new();

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_jetstream::config::Config;
 use ojs_jetstream::coordinator::{CronScheduler, QueueBounds};
-use ojs_jetstream::store::{connection, Store};
+use ojs_jetstream::store::Store;
 use ojs_jetstream::telemetry::metrics::Metrics;
 use serde_json::{json, Value};
 
@@ -23,7 +23,7 @@ async fn without_a_leader(nats_url: &str) -> (Store, TestApp) {
         lease_ttl_ms: 60_000,
         ..test_config(nats_url)
     };
-    let store = connection::connect(&config).await.unwrap();
+    let store = Store::connect(&config).await.unwrap();
     let mut lease = store.leases().contender("coordinator", "the test");
     assert!(lease.try_hold().await.is_some(), "the test holds the lease");
     let app = spawn_app_with(config).await;

@@ -283,7 +283,7 @@ impl EventPublisher {
         // batch is acknowledged, so a crash repeats them and none is left taken.
         while let Err(err) = self
             .store
-            .leader()
+            .queues()
             .delete_depth_tokens(freed.iter().copied())
             .await
         {

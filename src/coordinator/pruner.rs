@@ -126,7 +126,7 @@ impl Pruner {
                 Aged::Prune => true,
                 Aged::Keep => false,
                 Aged::PruneUnlessInDeadLetter(entry) => {
-                    !self.store.dead_letter().entry_exists(entry).await?
+                    !self.store.dead_letter().entries().exists(entry).await?
                 }
             },
         })

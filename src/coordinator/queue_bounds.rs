@@ -73,7 +73,7 @@ impl QueueBounds {
         let mut pressures = Vec::with_capacity(bounded.len());
         for (queue, bound) in bounded {
             let seen = self.watched.entry(queue.clone()).or_default();
-            match self.store.leader().depth_now(&queue).await {
+            match self.store.queues().depth_now(&queue).await {
                 Ok(depth) => {
                     pressures.push((queue.clone(), bound.pressure(depth)));
                     if let Some(warns) = bound.crossing(seen.warned, depth) {

@@ -53,11 +53,7 @@ pub async fn retry(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let job = state
-        .store
-        .dead_letter()
-        .retry_dead_letter(&job_id(&id)?)
-        .await?;
+    let job = state.store.dead_letter().retry(&job_id(&id)?).await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["re_enqueued_at"] = body["enqueued_at"].clone();
     Ok(respond(StatusCode::OK, &json!({ "job": body })))
@@ -78,7 +74,7 @@ pub async fn delete(
 /// `GET /dead-letter/stats` (dead-letter spec §10.1): entries in all and by queue, the
 /// oldest and newest, and the retention in force.
 pub async fn stats(State(state): State<SharedState>) -> Result<Response, ApiError> {
-    let stats = state.store.dead_letter().stats().await?;
+    let stats = state.store.dead_letter().entries().stats().await?;
     let at = |t: Option<chrono::DateTime<chrono::Utc>>| t.map(crate::domain::time::format);
     Ok(respond(
         StatusCode::OK,

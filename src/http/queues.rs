@@ -62,7 +62,7 @@ pub async fn stats(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let stats = state.store.queues().stats(&name).await?;
+    let stats = state.store.stats().queue(&name).await?;
     let paused = stats.meta.as_ref().is_some_and(|m| m.paused);
     let mut counts = serde_json::Map::new();
     for s in JobState::ALL {

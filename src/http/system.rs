@@ -110,7 +110,7 @@ pub async fn manifest() -> Response {
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     state.metrics.set_pullers_open(state.store.pullers_open());
     let jobs = if state.metrics.leading() {
-        match state.store.stats().cluster_totals().await {
+        match state.store.leader().cluster_totals().await {
             Ok(totals) => job_metrics::families(&totals),
             Err(err) => {
                 warn!(error = %err, "job metrics left out of a scrape: NATS did not answer");

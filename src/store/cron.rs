@@ -6,18 +6,18 @@ use std::sync::Arc;
 use async_nats::jetstream::kv;
 
 use super::cas::{self, Cas, Replica};
+use super::connection::Connection;
 use super::error::backend;
 use super::mirror::Mirror;
 use super::topology::encode_queue;
-use super::Store;
 use crate::domain::cron::{self, CronEntry};
 use crate::domain::error::OjsError;
 
-/// The cron entries resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Cron<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The cron entries resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Cron {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
 }
 
 /// What the cron entries resource owns.
@@ -29,14 +29,14 @@ pub(super) struct Owned {
 
 pub(super) type CronMirror = Arc<Mirror<CronEntry>>;
 
-impl Cron<'_> {
+impl Cron {
     /// Registers or replaces a cron entry (cron spec §8.1 upsert). Run statistics of an
     /// existing entry are kept; the next run is computed now. `true` when it is new.
     ///
     /// # Errors
     /// 413 for an entry over `max_job_bytes`, 400 for a new one past `max_cron_entries`
     /// (counted in this replica's mirror); when NATS fails.
-    pub async fn register(self, mut entry: CronEntry) -> Result<(CronEntry, bool), OjsError> {
+    pub async fn register(&self, mut entry: CronEntry) -> Result<(CronEntry, bool), OjsError> {
         let key = encode_queue(&entry.name);
         entry.next_run_at = if entry.enabled {
             entry.schedule()?.next_after(entry.created_at)
@@ -48,10 +48,7 @@ impl Cron<'_> {
             &entry,
             !mirror.contains(&key),
             mirror.len(),
-            (
-                self.store.max_job_bytes(),
-                self.store.inner.max_cron_entries,
-            ),
+            (self.conn.max_job_bytes(), self.conn.max_cron_entries),
         )?;
         let mut is_new = false;
         let written = cas::change(
@@ -80,7 +77,7 @@ impl Cron<'_> {
     }
 
     /// Every registered entry, from this replica's mirror.
-    pub fn list(self) -> Vec<CronEntry> {
+    pub fn list(&self) -> Vec<CronEntry> {
         let mut entries = self.own.mirror.values();
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         entries
@@ -88,7 +85,7 @@ impl Cron<'_> {
 
     /// # Errors
     /// 404 for an unknown name.
-    pub async fn get(self, name: &str) -> Result<CronEntry, OjsError> {
+    pub async fn get(&self, name: &str) -> Result<CronEntry, OjsError> {
         self.read_cron(&encode_queue(name))
             .await?
             .map(|(e, _)| e)
@@ -99,7 +96,7 @@ impl Cron<'_> {
     ///
     /// # Errors
     /// 404 for an unknown name.
-    pub async fn delete(self, name: &str) -> Result<CronEntry, OjsError> {
+    pub async fn delete(&self, name: &str) -> Result<CronEntry, OjsError> {
         let key = encode_queue(name);
         let Some((entry, revision)) = self.read_cron(&key).await? else {
             return Err(OjsError::not_found("cron entry", name));
@@ -113,14 +110,14 @@ impl Cron<'_> {
         Ok(entry)
     }
 
-    pub(super) async fn read_cron(self, key: &str) -> Result<Option<(CronEntry, u64)>, OjsError> {
+    pub(super) async fn read_cron(&self, key: &str) -> Result<Option<(CronEntry, u64)>, OjsError> {
         let current = cas::read(&self.own.kv, key, Replica::Nearest, "cron entry").await?;
         Ok(current.value.map(|entry| (entry, current.revision)))
     }
 
     /// Writes with a revision check; `None` back when another writer won.
     pub(super) async fn write_cron(
-        self,
+        &self,
         key: &str,
         entry: &CronEntry,
         revision: u64,

@@ -1,16 +1,18 @@
 //! A leader lease in the leases bucket: written with create / update-by-revision, expired by
 //! the bucket's max age when its holder stops renewing it. No clocks are compared.
 
+use std::sync::Arc;
+
 use async_nats::jetstream::kv;
 use tracing::debug;
 
-use super::Store;
+use super::connection::Connection;
 
-/// The leases resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Leases<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The leases resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Leases {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
 }
 
 /// What the leases resource owns.
@@ -31,16 +33,16 @@ pub struct Lease {
     answer_within: std::time::Duration,
 }
 
-impl Leases<'_> {
+impl Leases {
     /// A contender for the lease `name`, identifying itself as `holder`.
-    pub fn contender(self, name: &str, holder: &str) -> Lease {
+    pub fn contender(&self, name: &str, holder: &str) -> Lease {
         Lease {
             kv: self.own.kv.clone(),
             key: name.to_owned(),
             holder: holder.to_owned(),
             revision: None,
             term: None,
-            answer_within: self.store.inner.topology.lease_ttl / 3,
+            answer_within: self.conn.topology.lease_ttl / 3,
         }
     }
 }

@@ -18,9 +18,9 @@ use async_nats::Subject;
 use bytes::Bytes;
 use tracing::warn;
 
+use super::connection::{ensure_stream, Connection};
 use super::deadline::{self, answered, out_of_time};
 use super::error::{nats_failed, server_refused, unanswered};
-use super::{ensure_stream, Store};
 use crate::domain::error::OjsError;
 
 /// How long a token's publish waits for NATS to say which stream listens on its subject.
@@ -34,7 +34,7 @@ pub(super) struct Sent {
     doing: &'static str,
 }
 
-impl Store {
+impl Connection {
     /// Sends `message` on `subject` without waiting for NATS to store it.
     pub(super) async fn send(
         &self,
@@ -44,7 +44,7 @@ impl Store {
     ) -> Result<Sent, OjsError> {
         // Handing the message to the client waits while its buffer is full (a reconnect):
         // by the deadline.
-        let handed = self.inner.js.send_publish(subject.clone(), message.clone());
+        let handed = self.js.send_publish(subject.clone(), message.clone());
         let ack = tokio::time::timeout_at(deadline::current(), handed)
             .await
             .map_err(|_| out_of_time(doing))?
@@ -89,8 +89,7 @@ impl Store {
             Ok(ack) => Ok(ack),
             Err(err) if unanswered(&err) => {
                 let again = || async {
-                    self.inner
-                        .js
+                    self.js
                         .send_publish(subject.clone(), message.clone())
                         .await?
                         .await
@@ -119,7 +118,7 @@ impl Store {
         config: impl Fn() -> stream::Config,
         doing: &'static str,
     ) -> Result<Option<PublishAck>, OjsError> {
-        let js = &self.inner.js;
+        let js = &self.js;
         let publish = || async { js.publish(subject.clone(), body.clone()).await?.await };
         let step = || async {
             match publish().await {

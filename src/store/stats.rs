@@ -4,7 +4,10 @@
 //! stored when it asked, so the counts are exact for the client that just wrote
 //! (`queue_counts`).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use async_nats::jetstream::kv;
 use futures::{StreamExt, TryStreamExt};
@@ -13,23 +16,28 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::cas::{self, Replica};
+use super::dead_letter::entries::Entries;
 use super::error::backend;
+use super::queues::registry::QueueMeta;
+use super::queues::Queues;
 use super::topology::encode_queue;
-use super::Store;
 use crate::domain::error::OjsError;
 use crate::domain::stats::QueueCounts;
 
-/// The statistics resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Stats<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The statistics resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Stats {
+    pub(super) own: Arc<Owned>,
+    pub(super) queues: Queues,
+    pub(super) dead_letter: Entries,
 }
 
 /// What the statistics resource owns.
 pub(super) struct Owned {
     /// Queue statistics.
     pub(super) kv: kv::Store,
+    /// The jobs bucket's stream: the counts are measured against its last write.
+    pub(super) jobs_stream: async_nats::jetstream::stream::Stream,
 }
 
 /// Key of the mark: every job write up to it is counted.
@@ -38,20 +46,17 @@ pub(super) const COUNTED: &str = "counted";
 /// trouble); past it the counts are answered as far as they go.
 const COUNT_WAIT: Duration = Duration::from_secs(2);
 
-/// Queue reads in flight at once while gathering [`ClusterTotals`].
+/// Queue reads in flight at once while gathering every queue's counts.
 const READS_AT_ONCE: usize = 32;
 
-/// What the job metrics report of the whole cluster (`telemetry/job_metrics.rs`).
-#[derive(Debug, Clone, Default)]
-pub struct ClusterTotals {
-    /// Every registered queue's counters (a queue no job was written to has none).
-    pub queues: Vec<(String, QueueCounts)>,
-    /// Workers in the registry: heartbeating, or not yet declared dead.
-    pub workers: u64,
-    /// Job writes stored but not yet handled (events, counts) by the event publisher.
-    pub unhandled_writes: u64,
-    /// Timers stored and not yet fired.
-    pub timers_pending: u64,
+/// What `GET /queues/{name}/stats` reports.
+#[derive(Debug, Clone)]
+pub struct QueueStats {
+    pub meta: Option<QueueMeta>,
+    pub counts: QueueCounts,
+    /// Entries in the dead letter queue.
+    pub dead: u64,
+    pub computed_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -63,39 +68,13 @@ pub(super) fn counts_key(queue: &str) -> String {
     format!("queue.{}", encode_queue(queue))
 }
 
-impl Stats<'_> {
-    /// After the admin reset: nothing stored before now will be counted.
-    pub(super) async fn restart_counting(self) -> Result<(), OjsError> {
-        self.store
-            .leader()
-            .mark_counted(self.last_job_write().await?)
-            .await
-    }
-
-    /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
-    /// leader reports. Costs one read per registered queue and two stream-info requests —
-    /// per scrape, on the leader only; workers are counted in memory.
-    ///
-    /// # Errors
-    /// When NATS fails.
-    pub async fn cluster_totals(self) -> Result<ClusterTotals, OjsError> {
-        let queues = self.all_queue_counts().await?;
-        let workers = self.store.workers().count() as u64;
-        let counted = self.counted_through().await?;
-        Ok(ClusterTotals {
-            queues,
-            workers,
-            unhandled_writes: self.last_job_write().await?.saturating_sub(counted),
-            timers_pending: self.store.timers().timers_stored().await?,
-        })
-    }
-
+impl Stats {
     /// Every registered queue's counters, exact for what was written before the call (as
     /// [`Stats::queue_counts`]).
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn current_queue_counts(self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+    pub async fn current_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
         self.wait_counted().await?;
         self.all_queue_counts().await
     }
@@ -105,7 +84,7 @@ impl Stats<'_> {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn wait_counted(self) -> Result<(), OjsError> {
+    pub async fn wait_counted(&self) -> Result<(), OjsError> {
         let stored = self.last_job_write().await?;
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
@@ -127,8 +106,8 @@ impl Stats<'_> {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn all_queue_counts(self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
-        futures::stream::iter(self.store.queues().list())
+    pub async fn all_queue_counts(&self) -> Result<Vec<(String, QueueCounts)>, OjsError> {
+        futures::stream::iter(self.queues.list())
             .map(|q| async move {
                 let counts = cas::read::<QueueCounts>(
                     &self.own.kv,
@@ -146,7 +125,7 @@ impl Stats<'_> {
     }
 
     /// The mark: every job write up to it is counted.
-    async fn counted_through(self) -> Result<u64, OjsError> {
+    pub(super) async fn counted_through(&self) -> Result<u64, OjsError> {
         Ok(
             cas::read::<Counted>(&self.own.kv, COUNTED, Replica::Nearest, "counting mark")
                 .await?
@@ -157,13 +136,10 @@ impl Stats<'_> {
     }
 
     /// The sequence of the last job write stored.
-    async fn last_job_write(self) -> Result<u64, OjsError> {
+    pub(super) async fn last_job_write(&self) -> Result<u64, OjsError> {
         Ok(self
-            .store
-            .jobs()
             .own
-            .kv
-            .stream
+            .jobs_stream
             .get_info()
             .await
             .map_err(backend("reading the jobs stream"))?
@@ -177,7 +153,7 @@ impl Stats<'_> {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn queue_counts(self, queue: &str) -> Result<Option<QueueCounts>, OjsError> {
+    pub async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>, OjsError> {
         self.wait_counted().await?;
         let counts = cas::read::<QueueCounts>(
             &self.own.kv,
@@ -187,5 +163,26 @@ impl Stats<'_> {
         )
         .await?;
         Ok(counts.value)
+    }
+
+    /// The statistics of `queue`, exact for every job write stored before the call.
+    ///
+    /// # Errors
+    /// 404 for a queue never seen; `backend_error` when NATS fails.
+    pub async fn queue(&self, queue: &str) -> Result<QueueStats, OjsError> {
+        let (meta, counts, dead) = tokio::try_join!(
+            self.queues.own.registry.lookup(queue),
+            self.queue_counts(queue),
+            self.dead_letter.count(queue),
+        )?;
+        if meta.is_none() && counts.is_none() {
+            return Err(OjsError::not_found("queue", queue));
+        }
+        Ok(QueueStats {
+            meta,
+            counts: counts.unwrap_or_default(),
+            dead,
+            computed_at: Utc::now(),
+        })
     }
 }

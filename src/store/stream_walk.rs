@@ -1,14 +1,14 @@
 //! Reading a stream's messages in order from a sequence, for the leader's sweeps of running
 //! places (`rate_limit.rs`) and depth tokens (`backpressure.rs`), and for the dead letter
-//! queue's pages (`dead_letter.rs`).
+//! queue's pages (`dead_letter/mod.rs`).
 
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use futures::StreamExt;
 
+use super::connection::Connection;
 use super::error::backend;
-use super::Store;
 use crate::domain::error::OjsError;
 
 /// A message as stored.
@@ -19,7 +19,7 @@ pub(super) struct Stored {
     pub payload: bytes::Bytes,
 }
 
-impl Store {
+impl Connection {
     /// At most `max` messages of `stream` (on `subject`, else all) from sequence `from` on,
     /// in order, through an ephemeral consumer (memory, no acks) deleted afterwards: a few
     /// NATS requests, however many messages.
@@ -35,7 +35,6 @@ impl Store {
     ) -> Result<Vec<Stored>, OjsError> {
         let doing = "reading a stream in order";
         let stream = self
-            .inner
             .js
             .get_stream_no_info(stream)
             .await

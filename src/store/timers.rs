@@ -6,27 +6,27 @@
 //! decides from it, so a spare, early or stale timer does nothing. Here timers are stored;
 //! the leader reads and fires them (`leader/timers.rs`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::PublishMessage;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::connection::Connection;
 use super::deadline::{self, answered};
 use super::error::backend;
 use super::publish::Sent;
-use super::Store;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::horizon;
 use crate::domain::job::JobRecord;
 use crate::domain::time;
 
-/// The timers resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Timers<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The timers resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Timers {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
 }
 
 /// What the timers resource owns.
@@ -130,14 +130,14 @@ const STALE_COUNT_WAIT: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct TimerCount(Mutex<Option<(Instant, u64)>>);
 
-impl Timers<'_> {
+impl Timers {
     /// Publishes a timer. Callers await its acknowledgement before the write that needs it,
     /// so a waiting job always has its timer.
-    pub(super) async fn send_timer(self, timer: &Timer) -> Result<Sent, OjsError> {
+    pub(super) async fn send_timer(&self, timer: &Timer) -> Result<Sent, OjsError> {
         let body = serde_json::to_vec(timer).expect("timers serialize");
-        self.store
+        self.conn
             .send(
-                self.store.inner.topology.timers_subject().into(),
+                self.conn.topology.timers_subject().into(),
                 // No Nats-Msg-Id: a spare timer is harmless (firing re-reads the record), a
                 // dropped one would strand the job.
                 PublishMessage::build().payload(body.into()),
@@ -147,20 +147,20 @@ impl Timers<'_> {
     }
 }
 
-impl Timers<'_> {
+impl Timers {
     /// Refuses `adding` client timers that would take the pending timers past
     /// `max_pending_timers`. One stream info per second at most, whatever the PUSH rate.
     ///
     /// # Errors
     /// 429 `queue_full` (`horizon::admit`), or `backend_error` when the count cannot be read.
-    pub(super) async fn admit_timers(self, adding: u64) -> Result<(), OjsError> {
+    pub(super) async fn admit_timers(&self, adding: u64) -> Result<(), OjsError> {
         if adding == 0 {
             return Ok(());
         }
         let cached = *self.own.count.0.lock().expect("timer count lock");
         let refreshed = match cached {
             Some((read, count)) if read.elapsed() < TIMER_COUNT_TTL => {
-                return horizon::admit(count, adding, self.store.inner.max_pending_timers)
+                return horizon::admit(count, adding, self.conn.max_pending_timers)
             }
             // The cap bounds memory, not an exact count: while the stream's leader is being
             // elected, the count last read serves rather than holding the PUSH up.
@@ -168,7 +168,7 @@ impl Timers<'_> {
                 let soon = deadline::current().min(tokio::time::Instant::now() + STALE_COUNT_WAIT);
                 match deadline::within(soon, self.timers_stored()).await {
                     Err(err) if err.code == ErrorCode::BackendUnavailable => {
-                        return horizon::admit(count, adding, self.store.inner.max_pending_timers)
+                        return horizon::admit(count, adding, self.conn.max_pending_timers)
                     }
                     other => other?,
                 }
@@ -176,14 +176,14 @@ impl Timers<'_> {
             None => self.timers_stored().await?,
         };
         *self.own.count.0.lock().expect("timer count lock") = Some((Instant::now(), refreshed));
-        horizon::admit(refreshed, adding, self.store.inner.max_pending_timers)
+        horizon::admit(refreshed, adding, self.conn.max_pending_timers)
     }
 
     /// Timers in the timers stream: stored and not yet fired.
-    pub(super) async fn timers_stored(self) -> Result<u64, OjsError> {
+    pub(super) async fn timers_stored(&self) -> Result<u64, OjsError> {
         let doing = "reading the timers stream";
-        let name = self.store.inner.topology.timers_stream();
-        let stream = answered(doing, || self.store.inner.js.get_stream(&name))
+        let name = self.conn.topology.timers_stream();
+        let stream = answered(doing, || self.conn.js.get_stream(&name))
             .await?
             .said
             .map_err(backend(doing))?;

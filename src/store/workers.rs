@@ -12,10 +12,11 @@ use serde_json::{Map, Value};
 use tracing::warn;
 
 use super::cas::{self, Replica};
+use super::connection::Connection;
 use super::jobs::batches::AT_ONCE;
+use super::jobs::Jobs;
 use super::mirror::Mirror;
-use super::timers::{Timer, TimerKind};
-use super::Store;
+use super::timers::{Timer, TimerKind, Timers};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Transition;
 use crate::domain::lifecycle;
@@ -25,11 +26,13 @@ use crate::domain::time;
 
 pub use crate::domain::worker::WorkerState;
 
-/// The workers resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Workers<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The workers resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Workers {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
+    pub(super) jobs: Jobs,
+    pub(super) timers: Timers,
 }
 
 /// What the workers resource owns.
@@ -102,7 +105,7 @@ fn worker_key(worker_id: &str) -> String {
         .collect()
 }
 
-impl Workers<'_> {
+impl Workers {
     /// BEAT (core §7.5, HTTP binding §10.4): extends the listed jobs the worker holds,
     /// records the worker, and (re)arms its dead-worker timer.
     ///
@@ -111,16 +114,15 @@ impl Workers<'_> {
     /// `test_directives` honours `meta.test_directive` of listed jobs (conformance switch
     /// only).
     pub async fn heartbeat(
-        self,
+        &self,
         beat: &BeatRequest,
         test_directives: bool,
     ) -> Result<BeatReply, OjsError> {
         let visibility = beat.visibility;
-        let default_visibility = self.store.inner.visibility_timeout;
+        let default_visibility = self.conn.visibility_timeout;
         let extended = beat.active_job_ids.iter().cloned().map(|id| async move {
             let settled = self
-                .store
-                .jobs()
+                .jobs
                 .transition(&id, |rec, now| {
                     let vis = lifecycle::beat_visibility(rec, visibility, default_visibility);
                     Ok(lifecycle::heartbeat(rec, now, &beat.worker_id, vis))
@@ -165,16 +167,16 @@ impl Workers<'_> {
         }
         let record = self.record_beat(beat).await?;
         reply.state = directive.max(record.directive);
-        let due = time::add(Utc::now(), self.store.inner.heartbeat_timeout);
+        let due = time::add(Utc::now(), self.conn.heartbeat_timeout);
         let timer = Timer::named(TimerKind::Worker, &beat.worker_id, due);
-        self.store
-            .stored(self.store.timers().send_timer(&timer).await?)
+        self.conn
+            .stored(self.timers.send_timer(&timer).await?)
             .await?;
         Ok(reply)
     }
 
     /// Updates the worker's entry, keeping the operator's directive.
-    async fn record_beat(self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
+    async fn record_beat(&self, beat: &BeatRequest) -> Result<WorkerRecord, OjsError> {
         let now = Utc::now();
         self.update_worker(&beat.worker_id, |current| {
             let mut rec = current.cloned().unwrap_or_else(|| WorkerRecord {
@@ -202,7 +204,7 @@ impl Workers<'_> {
     /// # Errors
     /// 404 for a worker that never heartbeated.
     pub async fn direct(
-        self,
+        &self,
         worker_id: &str,
         state: WorkerState,
     ) -> Result<WorkerRecord, OjsError> {
@@ -220,7 +222,7 @@ impl Workers<'_> {
     ///
     /// # Errors
     /// 404 for a worker that never heartbeated (or was declared dead).
-    pub async fn get(self, worker_id: &str) -> Result<WorkerRecord, OjsError> {
+    pub async fn get(&self, worker_id: &str) -> Result<WorkerRecord, OjsError> {
         self.read_worker(worker_id)
             .await?
             .map(|(rec, _)| rec)
@@ -234,13 +236,13 @@ impl Workers<'_> {
     /// # Errors
     /// When NATS fails.
     pub async fn list(
-        self,
+        &self,
         offset: usize,
         limit: usize,
     ) -> Result<(WorkerCensus, Vec<(WorkerRecord, bool)>), OjsError> {
         let now = Utc::now();
         let stale = |last_seen: DateTime<Utc>| {
-            (now - last_seen).to_std().unwrap_or_default() >= self.store.inner.heartbeat_timeout
+            (now - last_seen).to_std().unwrap_or_default() >= self.conn.heartbeat_timeout
         };
         let mut census = WorkerCensus::default();
         let mut ids = Vec::new();
@@ -272,7 +274,7 @@ impl Workers<'_> {
     }
 
     /// How many workers the registry holds, from this replica's mirror.
-    pub fn count(self) -> usize {
+    pub fn count(&self) -> usize {
         self.own.mirror.len()
     }
 
@@ -281,16 +283,16 @@ impl Workers<'_> {
     ///
     /// # Errors
     /// 404 unknown worker; 409 for a worker heard from within the heartbeat timeout.
-    pub async fn deregister(self, worker_id: &str) -> Result<(), OjsError> {
+    pub async fn deregister(&self, worker_id: &str) -> Result<(), OjsError> {
         let rec = self.get(worker_id).await?;
         let silent = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
-        if silent < self.store.inner.heartbeat_timeout {
+        if silent < self.conn.heartbeat_timeout {
             return Err(OjsError::new(
                 ErrorCode::Conflict,
                 format!(
                     "Worker '{worker_id}' heartbeated {} ms ago; only a stale worker (silent for {} ms) can be deregistered. Quiet or terminate it instead.",
                     silent.as_millis(),
-                    self.store.inner.heartbeat_timeout.as_millis()
+                    self.conn.heartbeat_timeout.as_millis()
                 ),
             ));
         }
@@ -299,25 +301,24 @@ impl Workers<'_> {
 
     /// A worker's timer fired: if it has not heartbeated within the timeout, its jobs go
     /// back to their queues (error `worker_death`) and its entry is removed.
-    pub(super) async fn worker_expired(self, worker_id: &str) -> Result<(), OjsError> {
+    pub(super) async fn worker_expired(&self, worker_id: &str) -> Result<(), OjsError> {
         let Some((rec, revision)) = self.read_worker(worker_id).await? else {
             return Ok(());
         };
         let silent_for = (Utc::now() - rec.last_seen).to_std().unwrap_or_default();
-        if silent_for < self.store.inner.heartbeat_timeout {
+        if silent_for < self.conn.heartbeat_timeout {
             return Ok(()); // a newer heartbeat armed a newer timer
         }
         warn!(worker_id, last_seen = %time::format(rec.last_seen), "worker stopped heartbeating; taking its jobs back");
         for id in &rec.active_job_ids {
             match self
-                .store
-                .jobs()
+                .jobs
                 .transition(id, |job, now| {
                     Ok(lifecycle::worker_died(job, now, worker_id))
                 })
                 .await
             {
-                Ok(settled) => self.store.jobs().release(&settled).await,
+                Ok(settled) => self.jobs.release(&settled).await,
                 Err(err) if err.code == ErrorCode::NotFound => {}
                 Err(err) => return Err(err),
             }
@@ -333,7 +334,7 @@ impl Workers<'_> {
         Ok(())
     }
 
-    async fn read_worker(self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
+    async fn read_worker(&self, worker_id: &str) -> Result<Option<(WorkerRecord, u64)>, OjsError> {
         let key = worker_key(worker_id);
         let current = cas::read(&self.own.kv, &key, Replica::Nearest, "worker").await?;
         Ok(current.value.map(|rec| (rec, current.revision)))
@@ -342,7 +343,7 @@ impl Workers<'_> {
     /// Read, change, write with a revision check, again on a lost race. `change` returning
     /// `None` writes nothing (and gives the entry as found).
     async fn update_worker<F>(
-        self,
+        &self,
         worker_id: &str,
         change: F,
     ) -> Result<Option<WorkerRecord>, OjsError>

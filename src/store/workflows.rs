@@ -4,6 +4,7 @@
 //! the job writes it reads for events (`leader/workflows.rs`); a `workflow` timer repairs a
 //! creation or a cancel cut short.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -13,8 +14,10 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::cas::{self, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
-use super::timers::{Timer, TimerKind};
-use super::Store;
+use super::connection::Connection;
+use super::events::Events;
+use super::jobs::Jobs;
+use super::timers::{Timer, TimerKind, Timers};
 use crate::domain::envelope::{parse_job_id, too_large};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::{JobRecord, Slot};
@@ -24,11 +27,14 @@ use crate::domain::workflow::{
     self, Advance, Effect, Plan, Request, Results, Seen, WorkflowRecord, WorkflowState,
 };
 
-/// The workflows resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Workflows<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The workflows resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Workflows {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
+    pub(super) jobs: Jobs,
+    pub(super) events: Events,
+    pub(super) timers: Timers,
 }
 
 /// What the workflows resource owns.
@@ -62,7 +68,7 @@ fn plan_key(id: &str) -> String {
     format!("{id}.plan")
 }
 
-impl Workflows<'_> {
+impl Workflows {
     /// Creates a workflow (workflows spec §11.1): once the jobs passed PUSH's checks, the
     /// `workflow` timer, the records (root first) and plans, the jobs (those that start at
     /// once available), then the root marked ready.
@@ -70,15 +76,15 @@ impl Workflows<'_> {
     /// # Errors
     /// 400 for an invalid job, 413 for a workflow too large to store, 503 when NATS fails
     /// (the timer then cancels whatever was created).
-    pub async fn create(self, request: &Request) -> Result<WorkflowView, OjsError> {
+    pub async fn create(&self, request: &Request) -> Result<WorkflowView, OjsError> {
         let now = Utc::now();
         let creation = workflow::plan(
             request,
             Uuid::now_v7(),
             now,
-            self.store.inner.default_on_exhaustion,
+            self.conn.default_on_exhaustion,
         )?;
-        let max = self.store.inner.max_record_bytes;
+        let max = self.conn.max_record_bytes;
         let mut encoded = Vec::with_capacity(creation.workflows.len());
         for (rec, plan) in &creation.workflows {
             let (rec_bytes, plan_bytes) = (
@@ -103,10 +109,9 @@ impl Workflows<'_> {
             .map(|(job, slot)| JobRecord::created(job, Some(slot)))
             .collect();
         let write_workflows = async {
-            self.store
+            self.conn
                 .stored(
-                    self.store
-                        .timers()
+                    self.timers
                         .send_timer(&self.workflow_timer(&root.0.id, now))
                         .await?,
                 )
@@ -124,11 +129,10 @@ impl Workflows<'_> {
             }
             Ok(())
         };
-        self.store
-            .jobs()
+        self.jobs
             .create_jobs(records, write_workflows, Duration::ZERO)
             .await?;
-        self.store.failpoint("workflow.jobs_created").await;
+        self.conn.failpoint("workflow.jobs_created").await;
         let root_id = root.0.id.clone();
         let ready = cas::change(
             kv,
@@ -153,7 +157,7 @@ impl Workflows<'_> {
                 ErrorCode::BackendUnavailable,
                 format!(
                     "Creating workflow {root_id} took longer than {} ms and it was cancelled; retry.",
-                    self.store.inner.workflow_grace.as_millis()
+                    self.conn.workflow_grace.as_millis()
                 ),
             )),
         }
@@ -163,7 +167,7 @@ impl Workflows<'_> {
     ///
     /// # Errors
     /// 404 for an unknown id.
-    pub async fn get(self, id: &str) -> Result<WorkflowView, OjsError> {
+    pub async fn get(&self, id: &str) -> Result<WorkflowView, OjsError> {
         let missing = || OjsError::not_found("workflow", id);
         if parse_job_id(id).is_none() {
             return Err(missing());
@@ -186,14 +190,13 @@ impl Workflows<'_> {
     ///
     /// # Errors
     /// 404 for an unknown id, 409 when the workflow already ended.
-    pub async fn cancel(self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
+    pub async fn cancel(&self, id: &str) -> Result<(WorkflowView, usize), OjsError> {
         let view = self.get(id).await?;
         // A workflow that already ended gets its 409 before any timer is published.
         workflow::cancel(&view.record, Utc::now())?;
-        self.store
+        self.conn
             .stored(
-                self.store
-                    .timers()
+                self.timers
                     .send_timer(&self.workflow_timer(id, Utc::now()))
                     .await?,
             )
@@ -218,7 +221,7 @@ impl Workflows<'_> {
     /// record as it now stands and how many jobs the effects cancelled; `None` for a
     /// workflow that does not exist.
     pub(super) async fn decide<F>(
-        self,
+        &self,
         id: &str,
         order: Order,
         decide: F,
@@ -252,17 +255,17 @@ impl Workflows<'_> {
                             &advance.record,
                             plan.as_ref(),
                             h,
-                            self.store.events().source(),
+                            self.events.source(),
                             now,
                         )
                     })
                     .collect();
-                self.store.events().publish(&events).await?;
+                self.events.publish(&events).await?;
             }
             let mut cancelled = 0;
             if order == Order::ActFirst && !advance.effects.is_empty() {
                 cancelled = self.carry_out(&advance.record, &advance.effects).await?;
-                self.store.failpoint("workflow.effects_done").await;
+                self.conn.failpoint("workflow.effects_done").await;
             }
             match cas::write(
                 kv,
@@ -290,7 +293,7 @@ impl Workflows<'_> {
 
     /// Carries out effects in order; gives how many jobs were cancelled.
     pub(super) async fn carry_out(
-        self,
+        &self,
         rec: &WorkflowRecord,
         effects: &[Effect],
     ) -> Result<usize, OjsError> {
@@ -304,8 +307,7 @@ impl Workflows<'_> {
                         Results::OfMembers => Some(self.member_results(rec).await?),
                     };
                     let activated = self
-                        .store
-                        .jobs()
+                        .jobs
                         .transition(job_id, |job, now| {
                             Ok(lifecycle::activate_member(job, now, parent_results.clone()))
                         })
@@ -313,8 +315,7 @@ impl Workflows<'_> {
                     match activated {
                         // Results too large to pass: the job starts without them.
                         Err(err) if err.code == ErrorCode::EnvelopeTooLarge => {
-                            self.store
-                                .jobs()
+                            self.jobs
                                 .transition(job_id, |job, now| {
                                     Ok(lifecycle::activate_member(job, now, None))
                                 })
@@ -327,14 +328,13 @@ impl Workflows<'_> {
                 }
                 Effect::Cancel { job_id } => {
                     let settled = self
-                        .store
-                        .jobs()
+                        .jobs
                         .transition(job_id, |job, now| Ok(lifecycle::withdraw(job, now)))
                         .await;
                     match settled {
                         Ok(s) if s.after.job.state != s.before.job.state => {
                             cancelled += 1;
-                            self.store.jobs().release(&s).await;
+                            self.jobs.release(&s).await;
                         }
                         other => other.map(drop).or_else(missing_is_done)?,
                     }
@@ -342,25 +342,9 @@ impl Workflows<'_> {
                 Effect::Begin {
                     workflow_id,
                     results,
-                } => {
-                    Box::pin(
-                        self.store
-                            .leader()
-                            .store
-                            .workflows()
-                            .begin_nested(workflow_id, results.clone()),
-                    )
-                    .await?
-                }
+                } => Box::pin(self.begin_nested(workflow_id, results.clone())).await?,
                 Effect::CancelWorkflow { workflow_id } => {
-                    Box::pin(
-                        self.store
-                            .leader()
-                            .store
-                            .workflows()
-                            .cancel_nested(workflow_id),
-                    )
-                    .await?;
+                    Box::pin(self.cancel_nested(workflow_id)).await?;
                 }
                 Effect::Report { parent, seen } => {
                     // A nested workflow's result: its members' results, in order, after
@@ -374,14 +358,7 @@ impl Workflows<'_> {
                         other => other.clone(),
                     };
                     let seen = [(Slot::Member(parent.index), seen)];
-                    Box::pin(
-                        self.store
-                            .leader()
-                            .store
-                            .workflows()
-                            .apply_seen(&parent.workflow_id, &seen),
-                    )
-                    .await?;
+                    Box::pin(self.apply_seen(&parent.workflow_id, &seen)).await?;
                 }
             }
         }
@@ -390,7 +367,7 @@ impl Workflows<'_> {
 
     /// Every member's result in order (`null` for a nested workflow or a member without
     /// one): what a batch callback receives.
-    async fn member_results(self, rec: &WorkflowRecord) -> Result<Value, OjsError> {
+    async fn member_results(&self, rec: &WorkflowRecord) -> Result<Value, OjsError> {
         let mut results = Vec::with_capacity(rec.members());
         let ids: Vec<(usize, String)> = (0..rec.members()).map(|i| (i, rec.member_id(i))).collect();
         for chunk in ids.chunks(READS_AT_ONCE) {
@@ -399,8 +376,7 @@ impl Workflows<'_> {
                     return Ok(Value::Null);
                 }
                 Ok::<_, OjsError>(
-                    self.store
-                        .jobs()
+                    self.jobs
                         .read(id, Replica::Nearest)
                         .await?
                         .and_then(|(r, _)| r.job.result)
@@ -414,7 +390,7 @@ impl Workflows<'_> {
         Ok(Value::Array(results))
     }
 
-    pub(super) async fn apply_seen(self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
+    pub(super) async fn apply_seen(&self, id: &str, seen: &[(Slot, Seen)]) -> Result<(), OjsError> {
         self.decide(id, Order::ActFirst, |rec| {
             Ok(workflow::apply(rec, seen, Utc::now()))
         })
@@ -424,7 +400,7 @@ impl Workflows<'_> {
 
     /// Begins a nested workflow that waited as a later chain step.
     pub(super) async fn begin_nested(
-        self,
+        &self,
         id: &str,
         results: Option<Vec<Value>>,
     ) -> Result<(), OjsError> {
@@ -436,7 +412,7 @@ impl Workflows<'_> {
     }
 
     /// Cancels a nested (or abandoned) workflow, unless it already ended.
-    pub(super) async fn cancel_nested(self, id: &str) -> Result<(), OjsError> {
+    pub(super) async fn cancel_nested(&self, id: &str) -> Result<(), OjsError> {
         self.decide(id, Order::ActFirst, |rec| {
             Ok(workflow::cancel(rec, Utc::now()).unwrap_or_else(|_| Advance::unchanged(rec)))
         })
@@ -445,13 +421,13 @@ impl Workflows<'_> {
     }
 }
 
-impl Workflows<'_> {
+impl Workflows {
     /// The timer that checks a workflow's creation or cancel once it should be done.
-    fn workflow_timer(self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
+    fn workflow_timer(&self, id: &str, now: chrono::DateTime<Utc>) -> Timer {
         Timer::named(
             TimerKind::Workflow,
             id,
-            time::add(now, self.store.inner.workflow_grace),
+            time::add(now, self.conn.workflow_grace),
         )
     }
 }

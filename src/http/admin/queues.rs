@@ -55,7 +55,7 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
-    let stats = state.store.queues().stats(&name).await?;
+    let stats = state.store.stats().queue(&name).await?;
     let meta = stats.meta.as_ref();
     let mut body = item(&name, meta, Some(&stats.counts));
     body["configuration"] = json!({

@@ -15,7 +15,7 @@ use crate::http::state::SharedState;
 pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError> {
     // Exact for what was written before the request, as a queue's statistics are.
     state.store.stats().wait_counted().await?;
-    let totals = state.store.stats().cluster_totals().await?;
+    let totals = state.store.leader().cluster_totals().await?;
     let now = Utc::now();
     let mut jobs = serde_json::Map::new();
     for s in JobState::ALL {

@@ -1,6 +1,7 @@
 //! The events stream: publishing the events of job writes (by the coordinator's event
 //! publisher), and paging through them for `GET /ojs/v1/events` (events seed §6.4).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
@@ -14,14 +15,14 @@ pub(super) use handled::HandledWrites;
 
 use crate::domain::error::OjsError;
 use crate::domain::event::Event;
+use crate::store::connection::Connection;
 use crate::store::error::backend;
-use crate::store::Store;
 
-/// The events resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Events<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The events resource, as a caller holds it: the connection and what the resource owns.
+#[derive(Clone)]
+pub struct Events {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
 }
 
 /// What the events resource owns.
@@ -71,10 +72,10 @@ pub struct EventPage {
     pub has_more: bool,
 }
 
-impl<'a> Events<'a> {
+impl Events {
     /// Event `source` of this gateway.
-    pub fn source(self) -> &'a str {
-        &self.store.inner.source
+    pub fn source(&self) -> &str {
+        &self.conn.source
     }
 
     /// Publishes events in order, waiting for every acknowledgement. Event ids are the
@@ -83,30 +84,30 @@ impl<'a> Events<'a> {
     ///
     /// # Errors
     /// When a publish is not acknowledged.
-    pub async fn publish(self, events: &[Event]) -> Result<(), OjsError> {
+    pub async fn publish(&self, events: &[Event]) -> Result<(), OjsError> {
         let mut sent = Vec::with_capacity(events.len());
         for event in events {
             let body = serde_json::to_vec(event).expect("events serialize");
             let message = PublishMessage::build()
                 .payload(body.into())
                 .message_id(&event.id);
-            let subject = self.store.inner.topology.event_subject(&event.event_type);
+            let subject = self.conn.topology.event_subject(&event.event_type);
             sent.push(
-                self.store
+                self.conn
                     .send(subject.into(), message, "publishing an event")
                     .await?,
             );
         }
-        self.store.all_stored(sent).await
+        self.conn.all_stored(sent).await
     }
 
     /// A page of events matching `q`, oldest first.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn query(self, q: &EventQuery) -> Result<EventPage, OjsError> {
+    pub async fn query(&self, q: &EventQuery) -> Result<EventPage, OjsError> {
         let filter_subject = match q.types.as_slice() {
-            [only] => self.store.inner.topology.event_subject(only),
+            [only] => self.conn.topology.event_subject(only),
             _ => String::new(),
         };
         let consumer: PullConsumer = self
@@ -177,7 +178,7 @@ impl<'a> Events<'a> {
     /// # Errors
     /// When NATS fails.
     pub async fn follow(
-        self,
+        &self,
         from: FollowFrom,
         only_type: Option<&str>,
     ) -> Result<EventFeed, OjsError> {
@@ -201,7 +202,7 @@ impl<'a> Events<'a> {
                     FollowFrom::After(_) | FollowFrom::Now => DeliverPolicy::New,
                 },
                 filter_subject: only_type
-                    .map(|t| self.store.inner.topology.event_subject(t))
+                    .map(|t| self.conn.topology.event_subject(t))
                     .unwrap_or_default(),
                 ack_policy: AckPolicy::None,
                 inactive_threshold: Duration::from_secs(10),

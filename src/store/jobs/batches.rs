@@ -28,13 +28,13 @@ fn mark_bytes(mark: Mark) -> bytes::Bytes {
     serde_json::to_vec(&mark).expect("marks serialize").into()
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// Stores the timer of batch `id` (due `batch_grace_ms` from now) and opens its mark,
     /// side by side: a mark without its timer has no records (they come after both) and
     /// goes with the bucket's max age; from here on a crash is finished or undone by the
     /// timer.
     pub(in crate::store) async fn open_batch(
-        self,
+        &self,
         id: &str,
         records: &[JobRecord],
     ) -> Result<OpenBatch, OjsError> {
@@ -43,12 +43,12 @@ impl Jobs<'_> {
             ..Timer::named(
                 TimerKind::Batch,
                 id,
-                time::add(Utc::now(), self.store.inner.batch_grace),
+                time::add(Utc::now(), self.conn.batch_grace),
             )
         };
         let stored = async {
-            self.store
-                .stored(self.store.timers().send_timer(&timer).await?)
+            self.conn
+                .stored(self.timers.send_timer(&timer).await?)
                 .await
         };
         let doing = "opening a batch";
@@ -66,7 +66,7 @@ impl Jobs<'_> {
 
     /// Commits the batch: from here its jobs count. Refused when its timer or a retry of
     /// the batch aborted it first.
-    pub(in crate::store) async fn commit_batch(self, open: &OpenBatch) -> Result<(), OjsError> {
+    pub(in crate::store) async fn commit_batch(&self, open: &OpenBatch) -> Result<(), OjsError> {
         let kv = &self.own.batches;
         let doing = "committing a batch";
         if let Cas::Written(_) = cas::write(
@@ -87,20 +87,20 @@ impl Jobs<'_> {
                 ErrorCode::BackendUnavailable,
                 format!(
                     "The batch took longer than {} ms and was undone; retry it.",
-                    self.store.inner.batch_grace.as_millis()
+                    self.conn.batch_grace.as_millis()
                 ),
             )),
         }
     }
 
     /// Aborts batch `id` unless it committed: its mark as it is afterwards.
-    pub(in crate::store) async fn abort_batch(self, id: &str) -> Result<Option<Mark>, OjsError> {
+    pub(in crate::store) async fn abort_batch(&self, id: &str) -> Result<Option<Mark>, OjsError> {
         self.leave_open(id, Mark::Aborted).await
     }
 
     /// Moves batch `id`'s mark from `open` to `to` if it is still open: the mark as it is
     /// afterwards (`to`, or what another writer made it first).
-    async fn leave_open(self, id: &str, to: Mark) -> Result<Option<Mark>, OjsError> {
+    async fn leave_open(&self, id: &str, to: Mark) -> Result<Option<Mark>, OjsError> {
         let now = cas::change(&self.own.batches, id, "batch", id, |mark: Option<&Mark>| {
             (mark == Some(&Mark::Open)).then_some(to)
         })
@@ -109,7 +109,7 @@ impl Jobs<'_> {
     }
 
     /// The mark of batch `id`, read at the stream leader.
-    pub(in crate::store) async fn batch_mark(self, id: &str) -> Result<Option<Mark>, OjsError> {
+    pub(in crate::store) async fn batch_mark(&self, id: &str) -> Result<Option<Mark>, OjsError> {
         Ok(
             cas::read::<Mark>(&self.own.batches, id, Replica::Leader, "batch mark")
                 .await?
@@ -119,10 +119,10 @@ impl Jobs<'_> {
 
     /// Deletes a finished batch's mark, without waiting for it: one left behind is deleted
     /// by the batch's timer (which then finds every job published).
-    pub(in crate::store) fn close_batch(self, id: &str) {
-        let (store, id) = (self.store.clone(), id.to_owned());
+    pub(in crate::store) fn close_batch(&self, id: &str) {
+        let (own, id) = (self.own.clone(), id.to_owned());
         tokio::spawn(async move {
-            if let Err(err) = store.jobs().own.batches.delete(&id).await {
+            if let Err(err) = own.batches.delete(&id).await {
                 warn!(batch_id = id, error = %err, "could not delete a batch mark");
             }
         });
@@ -134,7 +134,7 @@ impl Jobs<'_> {
     ///
     /// # Errors
     /// When NATS fails; every step is repeatable, so the timer fires again.
-    pub(in crate::store) async fn batch_timer_fired(self, timer: &Timer) -> Result<(), OjsError> {
+    pub(in crate::store) async fn batch_timer_fired(&self, timer: &Timer) -> Result<(), OjsError> {
         let id = &timer.id;
         let mut repair = batch::repair(self.batch_mark(id).await?);
         if repair == Repair::Abort {
@@ -175,7 +175,7 @@ impl Jobs<'_> {
     /// Removes records of an aborted batch, each at the revision it was read at: one
     /// written since (a client's cancel) stays.
     pub(in crate::store) async fn remove_untouched(
-        self,
+        &self,
         records: &[(&JobRecord, u64)],
     ) -> Result<(), OjsError> {
         for some in records.chunks(AT_ONCE) {
@@ -193,7 +193,7 @@ impl Jobs<'_> {
     /// that record is left over from another batch that never committed, aborts that
     /// batch, removes the record and says so, so the create can be made again.
     pub(in crate::store) async fn take_over(
-        self,
+        &self,
         found: &JobRecord,
         revision: u64,
     ) -> Result<bool, OjsError> {

@@ -22,7 +22,7 @@ use crate::store::deadline::answered;
 use crate::store::error::{lost_race, nats_failed};
 use crate::store::timers::Timer;
 
-impl Jobs<'_> {
+impl Jobs {
     /// PUSH one or more jobs, all or none (core §7.1): no accepted job is ever left
     /// without its message, no job of a refused PUSH is ever handed out.
     ///
@@ -31,7 +31,7 @@ impl Jobs<'_> {
     /// stays), 413 for an envelope
     /// over the server's payload limit, 429 `queue_full` when its timers would pass
     /// `max_pending_timers`, `backend_error` when NATS fails.
-    pub async fn enqueue(self, jobs: Vec<Job>, block: Duration) -> Result<Enqueued, OjsError> {
+    pub async fn enqueue(&self, jobs: Vec<Job>, block: Duration) -> Result<Enqueued, OjsError> {
         let mut records: Vec<JobRecord> = jobs
             .into_iter()
             .map(|job| JobRecord::created(job, None))
@@ -46,7 +46,7 @@ impl Jobs<'_> {
             Ok(taken) => taken,
             Err(existing) => return Ok(Enqueued::Existing(existing)),
         };
-        self.store.failpoint("unique.locked").await;
+        self.conn.failpoint("unique.locked").await;
         match self.create_jobs(records, async { Ok(()) }, block).await {
             Ok(jobs) => Ok(Enqueued::Created(jobs)),
             Err(err) => {
@@ -64,7 +64,7 @@ impl Jobs<'_> {
     /// records under an open batch mark, the commit of the mark, then the messages, so a
     /// batch cut short by a crash is undone or finished whole (architecture §4 PUSH).
     pub(in crate::store) async fn create_jobs(
-        self,
+        &self,
         mut records: Vec<JobRecord>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
         block: Duration,
@@ -75,7 +75,7 @@ impl Jobs<'_> {
             rec.batch.clone_from(&batch);
         }
         let mut encoded = Vec::with_capacity(records.len());
-        let max_job = self.store.max_job_bytes();
+        let max_job = self.conn.max_job_bytes();
         for (index, rec) in records.iter().enumerate() {
             let bytes = rec.to_bytes();
             if bytes.len() > max_job {
@@ -88,8 +88,7 @@ impl Jobs<'_> {
 
         // Every job's lane, scheduled ones too: creating a queue's stream when its first
         // scheduled job comes due would make that promotion late.
-        self.store
-            .queues()
+        self.queues
             .own
             .registry
             .admit(lanes(&records).iter().copied())?;
@@ -102,13 +101,9 @@ impl Jobs<'_> {
                 u64::from(promote) + u64::from(expires_at(rec).is_some())
             })
             .sum();
-        self.store.timers().admit_timers(timers).await?;
+        self.timers.admit_timers(timers).await?;
         // Places in bounded queues, the last check and the first write (architecture §3.27).
-        let tokens = self
-            .store
-            .queues()
-            .take_depth_tokens(&mut records, block)
-            .await?;
+        let tokens = self.take_depth_tokens(&mut records, block).await?;
         for (rec, bytes) in records.iter().zip(encoded.iter_mut()) {
             if rec.depth_token.is_some() {
                 *bytes = bytes::Bytes::from(rec.to_bytes());
@@ -116,14 +111,14 @@ impl Jobs<'_> {
         }
         let written = self.write_jobs(records, encoded, first, now).await;
         if written.is_err() && !tokens.is_empty() {
-            self.store.queues().give_back_unheld(&tokens).await;
+            self.give_back_unheld(&tokens).await;
         }
         written
     }
 
     /// `create_jobs` once every check has passed and the bounded queues' places are taken.
     async fn write_jobs(
-        self,
+        &self,
         records: Vec<JobRecord>,
         encoded: Vec<bytes::Bytes>,
         first: impl std::future::Future<Output = Result<(), OjsError>>,
@@ -132,17 +127,13 @@ impl Jobs<'_> {
         let batch = records.first().and_then(|r| r.batch.clone());
         first.await?;
         for (queue, priority) in lanes(&records) {
-            self.store
-                .queues()
+            self.queues
                 .own
                 .registry
                 .ensure(queue, priority, now)
                 .await?;
         }
-        self.store
-            .queues()
-            .ensure_rate_limits(&records, now)
-            .await?;
+        self.queues.ensure_rate_limits(&records, now).await?;
 
         let revisions = match &batch {
             None => {
@@ -157,19 +148,19 @@ impl Jobs<'_> {
                         .collect(),
                 );
                 self.publish_jobs(&records).await?;
-                self.store.failpoint("enqueue.published").await;
+                self.conn.failpoint("enqueue.published").await;
                 self.create_records(&records, &encoded, None).await?
             }
             Some(id) => {
                 let open = self.open_batch(id, &records).await?;
                 let revisions = self.create_records(&records, &encoded, Some(id)).await?;
-                self.store.failpoint("batch.created").await;
+                self.conn.failpoint("batch.created").await;
                 if let Err(err) = self.commit_batch(&open).await {
                     self.roll_back(records.iter().zip(revisions.iter().copied()))
                         .await;
                     return Err(err);
                 }
-                self.store.failpoint("batch.committed").await;
+                self.conn.failpoint("batch.committed").await;
                 self.publish_jobs(&records).await?;
                 self.close_batch(id);
                 revisions
@@ -191,7 +182,7 @@ impl Jobs<'_> {
     /// job, the promote timer of a waiting one, the expire timer of one with `expires_at`;
     /// all acknowledged.
     pub(in crate::store) async fn publish_jobs(
-        self,
+        &self,
         records: &[JobRecord],
     ) -> Result<(), OjsError> {
         let mut sent = Vec::new();
@@ -199,23 +190,13 @@ impl Jobs<'_> {
             if rec.dispatch > 0 {
                 sent.push(self.send_dispatch(rec).await?);
             } else if let Some(at) = lifecycle::due_at(rec) {
-                sent.push(
-                    self.store
-                        .timers()
-                        .send_timer(&Timer::promote(rec, at))
-                        .await?,
-                );
+                sent.push(self.timers.send_timer(&Timer::promote(rec, at)).await?);
             }
             if let Some(at) = expires_at(rec) {
-                sent.push(
-                    self.store
-                        .timers()
-                        .send_timer(&Timer::expire(rec, at))
-                        .await?,
-                );
+                sent.push(self.timers.send_timer(&Timer::expire(rec, at)).await?);
             }
         }
-        self.store.all_stored(sent).await
+        self.conn.all_stored(sent).await
     }
 
     /// Creates every record, concurrently: the revision each create wrote (`None` for a
@@ -223,7 +204,7 @@ impl Jobs<'_> {
     /// a record left over from another batch that never committed takes its id over. If
     /// any create fails, the batch is aborted and what was created removed again.
     async fn create_records(
-        self,
+        &self,
         records: &[JobRecord],
         encoded: &[bytes::Bytes],
         batch: Option<&str>,
@@ -269,7 +250,7 @@ impl Jobs<'_> {
             if let Err(err) = self.abort_batch(id).await {
                 warn!(batch_id = id, error = %err, "could not abort a refused batch; its timer will");
             }
-            self.store.failpoint("enqueue.rolling_back").await;
+            self.conn.failpoint("enqueue.rolling_back").await;
             self.roll_back(records.iter().zip(created)).await;
         }
         Err(error)
@@ -279,7 +260,7 @@ impl Jobs<'_> {
     /// (`created_anyway`), or — for a batch's job — a record left over from another batch
     /// that never committed, taken over and created again (`take_over`). `None`: taken.
     async fn create_again(
-        self,
+        &self,
         rec: &JobRecord,
         bytes: &bytes::Bytes,
         in_batch: bool,
@@ -303,7 +284,7 @@ impl Jobs<'_> {
 
     /// Creates a record, again while NATS does not answer (`deadline.rs`). A create that
     /// landed with its answer lost then finds its key taken: `created_anyway` tells.
-    async fn create_record(self, id: &str, bytes: &bytes::Bytes) -> Creation {
+    async fn create_record(&self, id: &str, bytes: &bytes::Bytes) -> Creation {
         let doing = "creating a job record";
         let said = answered(doing, || self.own.kv.create(id, bytes.clone()))
             .await
@@ -324,7 +305,7 @@ impl Jobs<'_> {
     /// already claimed through the queue message published before it (`None`). A job of
     /// another PUSH differs in its creation time.
     async fn created_anyway(
-        self,
+        &self,
         rec: &JobRecord,
         bytes: &bytes::Bytes,
     ) -> Result<Option<Option<u64>>, OjsError> {
@@ -352,7 +333,7 @@ impl Jobs<'_> {
     /// Removes the records a refused batch created, each at the revision its create wrote.
     /// No worker can have had them (the batch published no message); one not removed is
     /// removed by the batch's timer.
-    async fn roll_back<'a>(self, created: impl Iterator<Item = (&'a JobRecord, Option<u64>)>) {
+    async fn roll_back<'a>(&self, created: impl Iterator<Item = (&'a JobRecord, Option<u64>)>) {
         let created: Vec<(&JobRecord, u64)> = created
             .filter_map(|(rec, revision)| Some((rec, revision?)))
             .collect();

@@ -102,7 +102,7 @@ async fn record_claim(
     }
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
     /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
     /// empty answer waits up to that long for the first job to arrive.
@@ -115,18 +115,18 @@ impl Jobs<'_> {
     /// # Errors
     /// `backend_error` when NATS fails before anything was claimed.
     pub async fn fetch(
-        self,
+        &self,
         req: &FetchRequest,
         gone: &CancellationToken,
     ) -> Result<Vec<Job>, OjsError> {
         let started = Instant::now();
         let until = req.wait.map(|w| started + w);
         let deadline = deadline::current();
-        let stop_waiting = &self.store.inner.stop_waiting;
+        let stop_waiting = &self.conn.stop_waiting;
         let mut got = Claims::default();
         loop {
             // Armed before looking, so a queue (or priority) created meanwhile is not missed.
-            let registry_changed = self.store.queues().own.registry.changed();
+            let registry_changed = self.queues.own.registry.changed();
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
             let (lanes, recheck) = self.fetch_now(req, deadline, &mut got).await;
@@ -152,9 +152,8 @@ impl Jobs<'_> {
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused while this FETCH waited: the message goes back, first in line.
-                if got.jobs.len() < req.count && !self.store.queues().own.registry.is_paused(queue)
-                {
-                    let limits = self.store.queues().own.registry.limits(queue);
+                if got.jobs.len() < req.count && !self.queues.own.registry.is_paused(queue) {
+                    let limits = self.queues.own.registry.limits(queue);
                     let claim = self
                         .claim(&msg, queue, *priority, req, deadline, limits)
                         .await;
@@ -174,7 +173,7 @@ impl Jobs<'_> {
     /// sent (`lifecycle::hand_back`): each available again at once, its attempt not
     /// counted, its queue message delivered again first in line. One that cannot be
     /// handed back now lapses at the end of its reservation, as before.
-    pub async fn hand_back_unsent(self, jobs: &[Job]) {
+    pub async fn hand_back_unsent(&self, jobs: &[Job]) {
         let handed = jobs.iter().map(|job| async move {
             let back = self
                 .transition(&job.id, |rec, _| Ok(lifecycle::hand_back(rec, job.attempt)))
@@ -191,8 +190,8 @@ impl Jobs<'_> {
 
     /// Ends every long-polling FETCH now, with what it holds, and lets no later one wait:
     /// a shutting-down gateway answers its workers at once (architecture §3.3).
-    pub fn stop_waiting(self) {
-        self.store.inner.stop_waiting.cancel();
+    pub fn stop_waiting(&self) {
+        self.conn.stop_waiting.cancel();
     }
 
     /// Claims what the named queues hold now, up to the request's count; returns every
@@ -201,7 +200,7 @@ impl Jobs<'_> {
     /// deadline, stops it and is kept in `got`, so jobs already claimed are still handed
     /// out.
     async fn fetch_now(
-        self,
+        &self,
         req: &FetchRequest,
         deadline: Instant,
         got: &mut Claims,
@@ -213,7 +212,7 @@ impl Jobs<'_> {
                 got.failure.get_or_insert_with(out_of_time);
                 return (lanes, recheck);
             }
-            let meta = match self.store.queues().own.registry.lookup(queue).await {
+            let meta = match self.queues.own.registry.lookup(queue).await {
                 Ok(Some(meta)) if !meta.paused => meta,
                 Ok(_) => continue,
                 Err(err) => {
@@ -224,14 +223,7 @@ impl Jobs<'_> {
             let mut spent = false;
             let limits = meta.limits();
             'lanes: for priority in meta.priorities {
-                let puller = match self
-                    .store
-                    .queues()
-                    .own
-                    .registry
-                    .puller(queue, priority)
-                    .await
-                {
+                let puller = match self.queues.own.registry.puller(queue, priority).await {
                     Ok(puller) => puller,
                     Err(err) => {
                         got.failure.get_or_insert(err);
@@ -292,7 +284,7 @@ impl Jobs<'_> {
     /// window and a free running place. Past `deadline` it starts no read or write, and
     /// fails (`record_claim` hands the message back).
     async fn claim(
-        self,
+        &self,
         msg: &async_nats::jetstream::Message,
         queue: &str,
         priority: i32,
@@ -306,7 +298,7 @@ impl Jobs<'_> {
             .await;
         // A place taken for a start that did not happen is freed at once.
         if let (Some(sequence), false) = (slot, matches!(claimed, Ok(Claimed::Job(_)))) {
-            self.store.queues().give_back_slot(queue, sequence).await;
+            self.queues.give_back_slot(queue, sequence).await;
         }
         claimed
     }
@@ -314,7 +306,7 @@ impl Jobs<'_> {
     /// The rounds of `claim`; `slot` keeps the running place taken, if any.
     #[allow(clippy::too_many_arguments)]
     async fn claim_rounds(
-        self,
+        &self,
         msg: &async_nats::jetstream::Message,
         queue: &str,
         priority: i32,
@@ -345,7 +337,7 @@ impl Jobs<'_> {
             orphan_age_passed: age > ORPHAN_GRACE.as_millis() as i128,
         };
 
-        self.store.failpoint("fetch.claiming").await;
+        self.conn.failpoint("fetch.claiming").await;
         let mut raced = None;
         let mut started = false;
         for attempt in 0..MAX_CAS_ATTEMPTS {
@@ -390,7 +382,7 @@ impl Jobs<'_> {
             let claimant = Claimant {
                 worker_id: req.worker_id.as_deref(),
                 visibility: req.visibility,
-                default_visibility: self.store.inner.visibility_timeout,
+                default_visibility: self.conn.visibility_timeout,
             };
             let step = claim::decide(&rec, &delivered, claimant, Utc::now());
             let mut next = match step {
@@ -423,8 +415,7 @@ impl Jobs<'_> {
             if let (true, Transition::Started, false) = (limits.any(), next.transition, started) {
                 if let Some(concurrency) = limits.concurrency {
                     *slot = self
-                        .store
-                        .queues()
+                        .queues
                         .take_slot(queue, concurrency, &d.id, d.dispatch)
                         .await?;
                     if slot.is_none() {
@@ -433,7 +424,7 @@ impl Jobs<'_> {
                     }
                 }
                 if let Some(limit) = limits.rate {
-                    if !self.store.queues().take_start(queue, limit).await? {
+                    if !self.queues.take_start(queue, limit).await? {
                         settle(msg, AckKind::Nak(None)).await;
                         return Ok(Claimed::Limited);
                     }
@@ -453,11 +444,11 @@ impl Jobs<'_> {
                     continue;
                 }
             };
-            self.store.failpoint("fetch.claimed").await;
+            self.conn.failpoint("fetch.claimed").await;
             // A lapse taken over frees the place of the attempt that lapsed.
             let held = |r: &JobRecord| r.holder.as_ref().and_then(|h| h.slot);
             if let Some(old) = held(&rec).filter(|old| held(&next) != Some(*old)) {
-                self.store.queues().give_back_slot(queue, old).await;
+                self.queues.give_back_slot(queue, old).await;
             }
             if next.job.state == JobState::Active {
                 self.own.recent.remember(&d.id, next.clone(), written);

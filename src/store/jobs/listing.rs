@@ -68,18 +68,18 @@ struct Candidate {
     dispatch: Option<u64>,
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// One page of jobs matching `q` (admin spec §7.1).
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn list(self, q: &ListQuery) -> Result<JobPage, OjsError> {
+    pub async fn list(&self, q: &ListQuery) -> Result<JobPage, OjsError> {
         let ((jobs, next), total) = tokio::try_join!(self.walk(q), self.listing_total(q))?;
         Ok(JobPage { jobs, next, total })
     }
 
     /// The page's jobs and where the next page starts.
-    async fn walk(self, q: &ListQuery) -> Result<(Vec<Job>, Option<Cursor>), OjsError> {
+    async fn walk(&self, q: &ListQuery) -> Result<(Vec<Job>, Option<Cursor>), OjsError> {
         let want = q.per_page;
         let mut jobs: Vec<(Job, Cursor)> = Vec::with_capacity(want + 1);
         let mut seen = HashSet::new();
@@ -149,8 +149,8 @@ impl Jobs<'_> {
 
     /// The streams `state` is listed from, in order, those before the cursor's left out;
     /// each opened only when the walk gets to it.
-    fn lanes(self, state: JobState, q: &ListQuery, from: Option<&Cursor>) -> Vec<LaneSpec> {
-        let t = &self.store.inner.topology;
+    fn lanes(&self, state: JobState, q: &ListQuery, from: Option<&Cursor>) -> Vec<LaneSpec> {
+        let t = &self.conn.topology;
         let shared = |stream: String, subject_prefix: Option<String>| LaneSpec {
             stream,
             queue: None,
@@ -160,13 +160,7 @@ impl Jobs<'_> {
             Source::Queue => {
                 let mut names: Vec<String> = match &q.queue {
                     Some(queue) => vec![queue.clone()],
-                    None => self
-                        .store
-                        .queues()
-                        .list()
-                        .into_iter()
-                        .map(|m| m.name)
-                        .collect(),
+                    None => self.queues.list().into_iter().map(|m| m.name).collect(),
                 };
                 names.sort();
                 if let Some(after) = from.and_then(|c| c.queue.as_deref()) {
@@ -197,8 +191,8 @@ impl Jobs<'_> {
 
     /// The lane's stream with its state now; `None` for a queue never written to, or an
     /// index no job has entered yet.
-    async fn open(self, spec: LaneSpec) -> Result<Option<Lane>, OjsError> {
-        match self.store.inner.js.get_stream(&spec.stream).await {
+    async fn open(&self, spec: LaneSpec) -> Result<Option<Lane>, OjsError> {
+        match self.conn.js.get_stream(&spec.stream).await {
             Ok(stream) => Ok(Some(Lane {
                 leader_only: !stream.cached_info().config.allow_direct,
                 stream,
@@ -218,7 +212,7 @@ impl Jobs<'_> {
     /// The jobs of one window of `lane` that are listed: entries read at once, then their
     /// records at once; kept in the window's order with the sequence of their entry.
     async fn read_window(
-        self,
+        &self,
         lane: &Lane,
         state: JobState,
         q: &ListQuery,
@@ -257,7 +251,7 @@ impl Jobs<'_> {
 
     /// The jobs a listing matches: from the queue counters (architecture §3.17), but for
     /// `discarded` the dead letter queue's own count, as the listing shows its entries.
-    async fn listing_total(self, q: &ListQuery) -> Result<Option<u64>, OjsError> {
+    async fn listing_total(&self, q: &ListQuery) -> Result<Option<u64>, OjsError> {
         if q.job_type.is_some() {
             return Ok(None);
         }
@@ -267,14 +261,13 @@ impl Jobs<'_> {
         };
         let counts = match &q.queue {
             Some(queue) => self
-                .store
-                .stats()
+                .stats
                 .queue_counts(queue)
                 .await?
                 .into_iter()
                 .map(|c| (queue.clone(), c))
                 .collect(),
-            None => self.store.stats().current_queue_counts().await?,
+            None => self.stats.current_queue_counts().await?,
         };
         let mut total: u64 = counts
             .iter()
@@ -287,8 +280,8 @@ impl Jobs<'_> {
             .sum();
         if states.contains(&JobState::Discarded) {
             total += match &q.queue {
-                Some(queue) => self.store.dead_letter().count(queue).await?,
-                None => self.store.dead_letter().total().await?,
+                Some(queue) => self.dead_letter.count(queue).await?,
+                None => self.dead_letter.total().await?,
             };
         }
         Ok(Some(total))

@@ -3,36 +3,45 @@
 //! marks a PUSH takes. `store.jobs()`.
 
 pub(super) mod batches;
-mod bulk;
-mod enqueue;
+mod bounds;
+pub(super) mod enqueue;
 mod fetch;
-mod listing;
-mod progress;
+pub(super) mod listing;
+mod operator;
+pub(super) mod progress;
 mod recent;
 pub(super) mod records;
 mod transitions;
-mod unique;
+pub(super) mod unique;
+
+use std::sync::Arc;
 
 use async_nats::jetstream::kv;
 
-pub use enqueue::Enqueued;
-pub use listing::JobPage;
-pub use progress::Reported;
-pub use records::Settled;
-pub use unique::ended_lock;
-
-use super::Store;
+use crate::store::connection::Connection;
+use crate::store::dead_letter::entries::Entries;
+use crate::store::events::Events;
+use crate::store::queues::Queues;
+use crate::store::stats::Stats;
+use crate::store::timers::Timers;
 
 /// Job records remembered for the next operation on them (`recent.rs`). A remembered record
 /// takes about 2.3 KB (measured: 4,096 of them added 9–10 MB of RSS), so this is ~2.5 MB;
 /// it covers the jobs in flight between PUSH, FETCH and ACK when queues are short.
 const RECENT_RECORDS: usize = 1024;
 
-/// The jobs resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Jobs<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The jobs resource, as a caller holds it: what it owns, and the resources below it that
+/// its operations write through (a PUSH takes places in queues and stores timers, a
+/// discard adds a dead-letter entry, a listing reads the counts).
+#[derive(Clone)]
+pub struct Jobs {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
+    pub(super) queues: Queues,
+    pub(super) timers: Timers,
+    pub(super) events: Events,
+    pub(super) dead_letter: Entries,
+    pub(super) stats: Stats,
 }
 
 /// What the jobs resource owns.

@@ -23,12 +23,12 @@ pub enum Reported {
     Throttled,
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// Reports `update` on job `id`.
     ///
     /// # Errors
     /// 404 for an unknown job; NATS failures.
-    pub async fn report_progress(self, id: &str, update: Update) -> Result<Reported, OjsError> {
+    pub async fn report_progress(&self, id: &str, update: Update) -> Result<Reported, OjsError> {
         let admitted = self
             .own
             .progress
@@ -38,12 +38,11 @@ impl Jobs<'_> {
         match admitted {
             Admit::Now(update) => self.write_progress(id, &update).await,
             Admit::FlushAt(at) => {
-                let store = self.store.clone();
+                let jobs = self.clone();
                 let id = id.to_owned();
                 tokio::spawn(async move {
                     tokio::time::sleep_until(at.into()).await;
-                    let gathered = store
-                        .jobs()
+                    let gathered = jobs
                         .own
                         .progress
                         .lock()
@@ -51,7 +50,7 @@ impl Jobs<'_> {
                         .flush(&id, Instant::now().into_std());
                     if let Some(update) = gathered {
                         // Best effort, like the report itself: the job may have ended.
-                        if let Err(err) = store.jobs().write_progress(&id, &update).await {
+                        if let Err(err) = jobs.write_progress(&id, &update).await {
                             debug!(job_id = %id, error = %err, "a gathered progress write failed");
                         }
                     }
@@ -62,8 +61,8 @@ impl Jobs<'_> {
         }
     }
 
-    async fn write_progress(self, id: &str, update: &Update) -> Result<Reported, OjsError> {
-        let default = self.store.inner.visibility_timeout;
+    async fn write_progress(&self, id: &str, update: &Update) -> Result<Reported, OjsError> {
+        let default = self.conn.visibility_timeout;
         let settled = self
             .transition(id, |rec, now| {
                 let visibility = lifecycle::beat_visibility(rec, None, default);

@@ -52,12 +52,12 @@ pub struct Settled {
     pub after: JobRecord,
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// INFO (core §7.7).
     ///
     /// # Errors
     /// 404 for an unknown id.
-    pub async fn info(self, id: &str) -> Result<Job, OjsError> {
+    pub async fn info(&self, id: &str) -> Result<Job, OjsError> {
         match self.read(id, Replica::Nearest).await? {
             Some((rec, _)) => Ok(rec.job),
             None => Err(OjsError::not_found("job", id)),
@@ -65,14 +65,14 @@ impl Jobs<'_> {
     }
 
     /// Publishes the queue message of the record's current dispatch.
-    pub(in crate::store) async fn send_dispatch(self, rec: &JobRecord) -> Result<Sent, OjsError> {
-        let t = &self.store.inner.topology;
+    pub(in crate::store) async fn send_dispatch(&self, rec: &JobRecord) -> Result<Sent, OjsError> {
+        let t = &self.conn.topology;
         let body = serde_json::to_vec(&Dispatch {
             id: rec.job.id.clone(),
             dispatch: rec.dispatch,
         })
         .expect("dispatch serializes");
-        self.store
+        self.conn
             .send(
                 t.queue_subject(&rec.job.queue, rec.job.priority).into(),
                 // No Nats-Msg-Id: a repeated publish must never be dropped (a client's retry
@@ -88,28 +88,22 @@ impl Jobs<'_> {
     /// the dead-letter entry of a discard into the dead letter queue (whose sequence the
     /// record then names).
     pub(in crate::store) async fn prepare(
-        self,
+        &self,
         before: &JobRecord,
         after: &mut JobRecord,
     ) -> Result<(), OjsError> {
         if after.job.state == JobState::Available && after.dispatch > before.dispatch {
-            self.store
-                .queues()
+            self.queues
                 .own
                 .registry
                 .ensure(&after.job.queue, after.job.priority, Utc::now())
                 .await?;
-            self.store.stored(self.send_dispatch(after).await?).await?;
+            self.conn.stored(self.send_dispatch(after).await?).await?;
         }
         if let (JobState::Retryable, Some(due)) = (after.job.state, lifecycle::due_at(after)) {
             if before.job.state != JobState::Retryable {
-                self.store
-                    .stored(
-                        self.store
-                            .timers()
-                            .send_timer(&Timer::promote(after, due))
-                            .await?,
-                    )
+                self.conn
+                    .stored(self.timers.send_timer(&Timer::promote(after, due)).await?)
                     .await?;
             }
         }
@@ -118,14 +112,14 @@ impl Jobs<'_> {
             && after.transition == Transition::Failed
             && after.job.retry.on_exhaustion == OnExhaustion::DeadLetter;
         if dead_lettered {
-            after.dead_letter = Some(self.store.dead_letter().add(after).await?);
+            after.dead_letter = Some(self.dead_letter.add(after).await?);
         }
         Ok(())
     }
 
     /// The record and its revision; `None` for unknown or removed ids.
     pub(in crate::store) async fn read(
-        self,
+        &self,
         id: &str,
         from: Replica,
     ) -> Result<Option<(JobRecord, u64)>, OjsError> {
@@ -136,7 +130,7 @@ impl Jobs<'_> {
     }
 
     pub(in crate::store) async fn lookup(
-        self,
+        &self,
         id: &str,
         from: Replica,
     ) -> Result<Lookup, OjsError> {
@@ -160,21 +154,21 @@ impl Jobs<'_> {
     /// Writes `rec` in place of `before` if the record is still at `revision`, with the
     /// trail of the writes before it whose events may not be stored yet.
     pub(in crate::store) async fn write(
-        self,
+        &self,
         id: &str,
         before: &JobRecord,
         rec: &mut JobRecord,
         revision: u64,
     ) -> Result<Cas, OjsError> {
-        rec.trail = trail::carry(before, revision, self.store.events().own.handled.through());
+        rec.trail = trail::carry(before, revision, self.events.own.handled.through());
         rec.from = Some(before.job.state);
         let bytes = rec.to_bytes();
-        if bytes.len() > self.store.inner.max_record_bytes {
-            let mut err = too_large("job", bytes.len(), self.store.inner.max_record_bytes);
+        if bytes.len() > self.conn.max_record_bytes {
+            let mut err = too_large("job", bytes.len(), self.conn.max_record_bytes);
             err.message = format!(
                 "This would make job {id} {} bytes, over the maximum of {} bytes: send a smaller result or error.",
                 bytes.len(),
-                self.store.inner.max_record_bytes
+                self.conn.max_record_bytes
             );
             return Err(err);
         }
@@ -182,7 +176,7 @@ impl Jobs<'_> {
     }
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// Removes the record `rec` if the job is still at `revision`: a KV delete marker, with
     /// the queue and state it leaves in headers (`Ojs-Queue`, `Ojs-State`) so that the
     /// queue statistics count the removal from the marker alone (architecture §3.17). Not a
@@ -197,7 +191,7 @@ impl Jobs<'_> {
     /// # Errors
     /// When NATS failed, or did not answer by the deadline.
     pub(in crate::store) async fn remove_record(
-        self,
+        &self,
         rec: &JobRecord,
         revision: u64,
     ) -> Result<Cas, OjsError> {
@@ -210,12 +204,8 @@ impl Jobs<'_> {
         );
         headers.insert(REMOVED_QUEUE, rec.job.queue.as_str());
         headers.insert(REMOVED_STATE, rec.job.state.as_str());
-        let subject = format!(
-            "$KV.{}.{}",
-            self.store.inner.topology.jobs_bucket(),
-            rec.job.id
-        );
-        let js = &self.store.inner.js;
+        let subject = format!("$KV.{}.{}", self.conn.topology.jobs_bucket(), rec.job.id);
+        let js = &self.conn.js;
         let answer = answered(doing, || async {
             js.publish_with_headers(subject.clone(), headers.clone(), bytes::Bytes::new())
                 .await?

@@ -14,13 +14,13 @@ use crate::domain::lifecycle::{self, Failure};
 use crate::domain::state::JobState;
 use crate::store::cas::{gave_up, pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 
-impl Jobs<'_> {
+impl Jobs {
     /// ACK (core §7.3).
     ///
     /// # Errors
     /// 404 unknown job; 409 when it is not active or held by another worker.
     pub async fn ack(
-        self,
+        &self,
         id: &str,
         worker_id: Option<&str>,
         result: Option<Value>,
@@ -39,7 +39,7 @@ impl Jobs<'_> {
     /// # Errors
     /// 404 unknown job; 409 when it is not active or held by another worker.
     pub async fn fail(
-        self,
+        &self,
         id: &str,
         worker_id: Option<&str>,
         failure: &Failure,
@@ -59,7 +59,7 @@ impl Jobs<'_> {
     ///
     /// # Errors
     /// 404 unknown job; 409 for a completed or discarded job.
-    pub async fn cancel(self, id: &str) -> Result<Settled, OjsError> {
+    pub async fn cancel(&self, id: &str) -> Result<Settled, OjsError> {
         let settled = self.transition(id, lifecycle::cancel).await?;
         self.release(&settled).await;
         Ok(settled)
@@ -69,7 +69,7 @@ impl Jobs<'_> {
     ///
     /// # Errors
     /// 404 unknown job; 409 when it is not pending.
-    pub async fn activate(self, id: &str) -> Result<Job, OjsError> {
+    pub async fn activate(&self, id: &str) -> Result<Job, OjsError> {
         let settled = self
             .transition(id, |rec, now| {
                 if rec.job.workflow_id.is_some() {
@@ -90,7 +90,7 @@ impl Jobs<'_> {
     /// writes with a revision check, and retries the whole decision when another writer came
     /// first.
     pub(in crate::store) async fn transition<F>(
-        self,
+        &self,
         id: &str,
         decide: F,
     ) -> Result<Settled, OjsError>
@@ -103,7 +103,7 @@ impl Jobs<'_> {
     /// `transition`, whose first try uses `ahead` (a record and its revision read earlier)
     /// if given, else the record this gateway wrote last (`recent.rs`), instead of a read.
     pub(in crate::store) async fn transition_from<F>(
-        self,
+        &self,
         id: &str,
         mut ahead: Option<(JobRecord, u64)>,
         decide: F,
@@ -146,10 +146,10 @@ impl Jobs<'_> {
                 Err(err) => return Err(err),
             };
             self.prepare(&before, &mut after).await?;
-            self.store.failpoint("transition.prepared").await;
+            self.conn.failpoint("transition.prepared").await;
             match self.write(id, &before, &mut after, revision).await? {
                 Cas::Written(written) => {
-                    self.store.failpoint("transition.written").await;
+                    self.conn.failpoint("transition.written").await;
                     if after.job.state == JobState::Active {
                         self.own.recent.remember(id, after.clone(), written);
                     }
@@ -169,13 +169,13 @@ impl Jobs<'_> {
     /// whichever replica runs this. Best effort: a lost ack only means JetStream redelivers
     /// the message later, and FETCH drops it as spent; a place left taken is freed by the
     /// leader's sweep.
-    pub(in crate::store) async fn release(self, settled: &Settled) {
+    pub(in crate::store) async fn release(&self, settled: &Settled) {
         self.let_go(settled, "+ACK").await;
     }
 
     /// `release`, settling the message with `reply` (`+ACK`: spent; `-NAK`: deliver it
     /// again, for a job available again under the same dispatch).
-    pub(in crate::store) async fn let_go(self, settled: &Settled, reply: &'static str) {
+    pub(in crate::store) async fn let_go(&self, settled: &Settled, reply: &'static str) {
         let Some(holder) = &settled.before.holder else {
             return;
         };
@@ -183,14 +183,12 @@ impl Jobs<'_> {
             return;
         }
         if let Some(sequence) = holder.slot {
-            self.store
-                .queues()
+            self.queues
                 .give_back_slot(&settled.after.job.queue, sequence)
                 .await;
         }
         if let Err(err) = self
-            .store
-            .inner
+            .conn
             .client
             .publish(holder.ack_subject.clone(), reply.into())
             .await

@@ -43,7 +43,7 @@ pub(in crate::store) enum Locked {
     Existing(Box<Job>),
 }
 
-impl Jobs<'_> {
+impl Jobs {
     /// Takes the uniqueness lock of each job that has a `unique` policy, in order, before
     /// anything of the PUSH is written. A job whose key is held is refused with 409
     /// `duplicate` naming the holder (`reject`; also `ignore` in a batch), cancels the
@@ -54,7 +54,7 @@ impl Jobs<'_> {
     /// # Errors
     /// 409 `duplicate`; `backend_error` when NATS fails.
     pub(in crate::store) async fn take_unique_locks(
-        self,
+        &self,
         records: &mut [JobRecord],
     ) -> Result<Result<Vec<Taken>, Box<Job>>, OjsError> {
         let single = records.len() == 1;
@@ -87,7 +87,7 @@ impl Jobs<'_> {
     }
 
     async fn take_lock(
-        self,
+        &self,
         policy: &UniquePolicy,
         key: String,
         rec: &mut JobRecord,
@@ -178,7 +178,7 @@ impl Jobs<'_> {
     /// What `on_conflict` does with `held`, the job holding the key: `Some(job)` to answer
     /// with it (`ignore`), `None` once the key may be taken over (`replace`).
     async fn on_conflict(
-        self,
+        &self,
         policy: &UniquePolicy,
         key: &str,
         held: JobRecord,
@@ -211,7 +211,7 @@ impl Jobs<'_> {
     /// Gives back the locks a refused PUSH wrote (each only while it still names its
     /// job), but those of `kept` jobs, which run. By the deadline: a lock left behind is
     /// taken over by the next enqueue of its key, which finds no job holding it.
-    pub(in crate::store) async fn release_taken(self, taken: &[Taken]) {
+    pub(in crate::store) async fn release_taken(&self, taken: &[Taken]) {
         let releasing = async {
             for t in taken.iter().filter(|t| t.fresh) {
                 self.release_lock(&t.key, &t.job_id).await;
@@ -222,7 +222,7 @@ impl Jobs<'_> {
         }
     }
 
-    pub(in crate::store) async fn release_lock(self, key: &str, job_id: &str) {
+    pub(in crate::store) async fn release_lock(&self, key: &str, job_id: &str) {
         let kv = &self.own.unique;
         let current = match cas::read::<Lock>(kv, key, Replica::Nearest, "unique lock").await {
             Ok(c) => c,

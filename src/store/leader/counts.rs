@@ -1,4 +1,5 @@
-//! The event publisher's counting of job writes into the queue statistics.
+//! The event publisher's counting of job writes into the queue statistics, and the
+//! cluster's totals the leader reports as metrics.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,43 @@ use crate::domain::stats::{Change, QueueCounts};
 use crate::store::cas;
 use crate::store::stats::{counts_key, Counted, COUNTED};
 
-impl Leader<'_> {
+/// What the job metrics report of the whole cluster (`telemetry/job_metrics.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterTotals {
+    /// Every registered queue's counters (a queue no job was written to has none).
+    pub queues: Vec<(String, QueueCounts)>,
+    /// Workers in the registry: heartbeating, or not yet declared dead.
+    pub workers: u64,
+    /// Job writes stored but not yet handled (events, counts) by the event publisher.
+    pub unhandled_writes: u64,
+    /// Timers stored and not yet fired.
+    pub timers_pending: u64,
+}
+
+impl Leader {
+    /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
+    /// leader reports. Costs one read per registered queue and two stream-info requests —
+    /// per scrape, on the leader only; workers are counted in memory.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn cluster_totals(&self) -> Result<ClusterTotals, OjsError> {
+        let queues = self.stats.all_queue_counts().await?;
+        let workers = self.workers.count() as u64;
+        let counted = self.stats.counted_through().await?;
+        Ok(ClusterTotals {
+            queues,
+            workers,
+            unhandled_writes: self.stats.last_job_write().await?.saturating_sub(counted),
+            timers_pending: self.timers.timers_stored().await?,
+        })
+    }
+
+    /// After the admin reset: nothing stored before now will be counted.
+    pub(in crate::store) async fn restart_counting(&self) -> Result<(), OjsError> {
+        self.mark_counted(self.stats.last_job_write().await?).await
+    }
+
     /// Leader: counts one batch of job writes, `changes` by queue, then marks every write
     /// up to `through` (the batch's last) counted. Each queue's counters skip the writes
     /// they counted before, so a batch replayed after a crash changes nothing.
@@ -18,11 +55,11 @@ impl Leader<'_> {
     /// # Errors
     /// When NATS fails or a write keeps being refused; the caller retries the batch.
     pub async fn count_writes(
-        self,
+        &self,
         changes: &BTreeMap<String, Vec<Change>>,
         through: u64,
     ) -> Result<(), OjsError> {
-        let kv = &self.store.stats().own.kv;
+        let kv = &self.stats.own.kv;
         try_join_all(changes.iter().map(|(queue, changes)| async move {
             cas::change(
                 kv,
@@ -54,9 +91,9 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn mark_counted(self, through: u64) -> Result<(), OjsError> {
+    pub async fn mark_counted(&self, through: u64) -> Result<(), OjsError> {
         cas::change(
-            &self.store.stats().own.kv,
+            &self.stats.own.kv,
             COUNTED,
             "counting mark",
             COUNTED,

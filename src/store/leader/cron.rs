@@ -80,7 +80,7 @@ fn cron_event(
     }
 }
 
-impl Leader<'_> {
+impl Leader {
     /// Fires the tick `tick` of `name` (leader only): the overlap check, the job (its id
     /// fixed by name and tick, so a repeat is refused as a duplicate), the event, then the
     /// entry's next run — written last, so a crash before it makes the next leader redo
@@ -88,9 +88,13 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When NATS fails; the tick stays due and is fired again.
-    pub async fn fire_cron(self, name: &str, tick: DateTime<Utc>) -> Result<TickOutcome, OjsError> {
+    pub async fn fire_cron(
+        &self,
+        name: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<TickOutcome, OjsError> {
         let key = encode_queue(name);
-        let Some((entry, revision)) = self.store.cron().read_cron(&key).await? else {
+        let Some((entry, revision)) = self.cron.read_cron(&key).await? else {
             return Ok(TickOutcome::Stale);
         };
         if !entry.enabled || entry.next_run_at != Some(tick) {
@@ -98,8 +102,7 @@ impl Leader<'_> {
         }
         let previous = match &entry.last_job_id {
             Some(id) => self
-                .store
-                .jobs()
+                .jobs
                 .read(id, Replica::Nearest)
                 .await?
                 .map(|(rec, _)| rec.job)
@@ -113,7 +116,7 @@ impl Leader<'_> {
             .unwrap_or(Value::Null);
         let outcome = match (entry.overlap_policy, previous) {
             (OverlapPolicy::Skip, Some(running)) => {
-                self.store.events().publish(&[cron_event(&self.store.inner.cron_source, &entry, tick, "cron.skipped", json!({
+                self.events.publish(&[cron_event(&self.conn.cron_source, &entry, tick, "cron.skipped", json!({
                     "job_type": job_type, "reason": "previous instance has not finished", "existing_job_id": running.id,
                 }))])
                 .await?;
@@ -121,7 +124,7 @@ impl Leader<'_> {
             }
             (policy, previous) => {
                 if let (OverlapPolicy::CancelPrevious, Some(running)) = (policy, previous) {
-                    match self.store.jobs().cancel(&running.id).await {
+                    match self.jobs.cancel(&running.id).await {
                         Ok(_) => {}
                         Err(err) if err.code == ErrorCode::Conflict => {} // it finished meanwhile
                         Err(err) => return Err(err),
@@ -132,27 +135,21 @@ impl Leader<'_> {
                     entry.job_for_tick(tick),
                     Utc::now(),
                     uuid::Uuid::nil(),
-                    self.store.inner.default_on_exhaustion,
+                    self.conn.default_on_exhaustion,
                 ) {
-                    Ok(job) => self
-                        .store
-                        .jobs()
-                        .enqueue(vec![job], Duration::ZERO)
-                        .await
-                        .map(drop),
+                    Ok(job) => self.jobs.enqueue(vec![job], Duration::ZERO).await.map(drop),
                     Err(err) => Err(err),
                 };
                 match enqueued {
-                    Ok(()) => self.store.failpoint("cron.enqueued").await,
+                    Ok(()) => self.conn.failpoint("cron.enqueued").await,
                     // This tick was fired before (a leader died before advancing the entry).
                     Err(err) if err.code == ErrorCode::Duplicate => {}
                     // Refused for good (a limit reached since registration): the tick is
                     // skipped, not retried every second.
                     Err(err) if !err.code.retryable() => {
-                        self.store
-                            .events()
+                        self.events
                             .publish(&[cron_event(
-                                &self.store.inner.cron_source,
+                                &self.conn.cron_source,
                                 &entry,
                                 tick,
                                 "cron.skipped",
@@ -173,7 +170,7 @@ impl Leader<'_> {
                     }
                     Err(err) => return Err(err),
                 }
-                self.store.events().publish(&[cron_event(&self.store.inner.cron_source, &entry, tick, "cron.triggered", json!({
+                self.events.publish(&[cron_event(&self.conn.cron_source, &entry, tick, "cron.triggered", json!({
                     "job_type": job_type, "job_id": id, "scheduled_at": crate::domain::time::format(tick),
                 }))])
                 .await?;
@@ -186,7 +183,7 @@ impl Leader<'_> {
 
     /// Moves the entry past `tick`, by CAS: the last step of a tick.
     async fn advance_cron(
-        self,
+        &self,
         key: &str,
         entry: CronEntry,
         revision: u64,
@@ -200,7 +197,7 @@ impl Leader<'_> {
             next.last_run_at = Some(tick);
         }
         next.next_run_at = entry.schedule()?.next_after(resume_from(tick, Utc::now()));
-        match self.store.cron().write_cron(key, &next, revision).await? {
+        match self.cron.write_cron(key, &next, revision).await? {
             Some(_) => Ok(outcome),
             None => Ok(TickOutcome::Stale), // re-registered meanwhile; the new entry rules
         }

@@ -8,11 +8,10 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream::Stream};
 use futures::future::join_all;
 
-use super::Leader;
 use crate::domain::error::OjsError;
 use crate::domain::listing::IndexMove;
 use crate::domain::state::JobState;
-use crate::store::ensure_stream;
+use crate::store::connection::{ensure_stream, Connection};
 use crate::store::error::backend;
 use crate::store::topology::Topology;
 
@@ -44,25 +43,25 @@ impl FinishedIndex {
             .iter()
             .find_map(|(s, stream)| (*s == state).then_some(stream))
     }
-}
 
-impl Leader<'_> {
     /// Applies a batch's index moves: every entry published (acknowledgements awaited
     /// together), then every left entry purged, all at once. Idempotent, so a replayed
     /// batch repeats it harmlessly.
     ///
     /// # Errors
     /// When NATS fails; the batch is then retried.
-    pub async fn index_jobs(self, moves: &[IndexMove]) -> Result<(), OjsError> {
-        let t = &self.store.inner.topology;
+    pub(super) async fn index(
+        &self,
+        conn: &Connection,
+        moves: &[IndexMove],
+    ) -> Result<(), OjsError> {
+        let t = &conn.topology;
         let mut acks = Vec::new();
         for m in moves {
             if let Some(state) = m.enter {
                 let subject = t.finished_subject(state, &m.queue, &m.id);
                 acks.push(
-                    self.store
-                        .inner
-                        .js
+                    conn.js
                         .publish(subject, bytes::Bytes::new())
                         .await
                         .map_err(backend("indexing a job"))?,
@@ -76,8 +75,7 @@ impl Leader<'_> {
                 // that the event publisher never waits for an operator.
                 Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
                     for state in FINISHED_STATES {
-                        ensure_stream(&self.store.inner.js, t.finished_stream_config(state))
-                            .await?;
+                        ensure_stream(&conn.js, t.finished_stream_config(state)).await?;
                     }
                     return Err(backend("indexing a job")(err));
                 }
@@ -86,7 +84,7 @@ impl Leader<'_> {
         }
         let purges = moves.iter().flat_map(|m| {
             m.leave.iter().filter_map(|state| {
-                let stream = self.own.finished.stream(*state)?;
+                let stream = self.stream(*state)?;
                 Some(
                     stream
                         .purge()

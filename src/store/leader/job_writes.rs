@@ -106,15 +106,15 @@ impl JobWrite {
     }
 }
 
-impl Leader<'_> {
+impl Leader {
     /// Opens the job-write feed of the leadership `term`; reopened within the term, it
     /// continues where it was.
     ///
     /// # Errors
     /// When NATS fails, or a later leadership has taken over.
-    pub async fn job_writes(self, term: u64) -> Result<JobWrites, OjsError> {
-        let stream = &self.store.jobs().own.kv.stream;
-        let name = self.store.inner.topology.event_publisher_consumer(term);
+    pub async fn job_writes(&self, term: u64) -> Result<JobWrites, OjsError> {
+        let stream = &self.jobs.own.kv.stream;
+        let name = self.conn.topology.event_publisher_consumer(term);
         let (consumer, starts_after): (PullConsumer, u64) = match stream.consumer_info(&name).await
         {
             Ok(info) => (
@@ -145,8 +145,8 @@ impl Leader<'_> {
     /// longer read on, nor acknowledge writes this leadership has not handled (architecture
     /// §3.4). What that replica acknowledges between the floor read here and the delete is
     /// read again here: events twice (dropped as duplicates), never none.
-    async fn take_over_job_writes(self, term: u64) -> Result<(PullConsumer, u64), OjsError> {
-        let stream = &self.store.jobs().own.kv.stream;
+    async fn take_over_job_writes(&self, term: u64) -> Result<(PullConsumer, u64), OjsError> {
+        let stream = &self.jobs.own.kv.stream;
         let mut earlier = Vec::new();
         let mut names = stream.consumer_names();
         while let Some(name) = names.next().await {
@@ -173,12 +173,7 @@ impl Leader<'_> {
             None => 0,
         };
         let consumer = stream
-            .create_consumer(
-                self.store
-                    .inner
-                    .topology
-                    .event_publisher_config(term, floor),
-            )
+            .create_consumer(self.conn.topology.event_publisher_config(term, floor))
             .await
             .map_err(backend("creating the job-write feed"))?;
         for (_, name) in earlier {
@@ -191,11 +186,10 @@ impl Leader<'_> {
 
     /// Tells every replica that the events of every job write up to `revision` are stored.
     /// Fire and forget: a lost announcement only keeps trails longer.
-    pub async fn announce_handled(self, revision: u64) {
-        let subject = self.store.inner.topology.events_handled_subject();
+    pub async fn announce_handled(&self, revision: u64) {
+        let subject = self.conn.topology.events_handled_subject();
         let _ = self
-            .store
-            .inner
+            .conn
             .client
             .publish(subject, revision.to_string().into())
             .await;

@@ -1,32 +1,47 @@
 //! What only the coordinator's leader does: pruning finished jobs, the finished index, and
 //! the other writes of the leader services. `store.leader()`.
 
-mod counts;
-mod cron;
+pub(super) mod counts;
+pub(super) mod cron;
 mod depth_tokens;
-mod finished_index;
-mod job_writes;
-mod pruner;
+pub(super) mod finished_index;
+pub(super) mod job_writes;
+pub(super) mod pruner;
 mod slots;
-mod timers;
+pub(super) mod timers;
 mod unique;
 mod workflows;
 
+use std::sync::Arc;
+
 use async_nats::jetstream::kv;
 
-pub use cron::TickOutcome;
-pub(super) use finished_index::{FinishedIndex, FINISHED_STATES};
-pub use job_writes::{JobWrite, JobWrites};
-pub use pruner::{StoredWrite, WriteBody};
-pub use timers::{PendingTimer, ReadAhead, TimerFeed};
+use crate::domain::error::OjsError;
+use crate::domain::listing::IndexMove;
+use crate::store::connection::Connection;
+use crate::store::cron::Cron;
+use crate::store::events::Events;
+use crate::store::jobs::Jobs;
+use crate::store::queues::Queues;
+use crate::store::stats::Stats;
+use crate::store::timers::Timers;
+use crate::store::workers::Workers;
+use crate::store::workflows::Workflows;
+use finished_index::FinishedIndex;
 
-use super::Store;
-
-/// The leader's handle: calls only the lease holder's services make.
-#[derive(Clone, Copy)]
-pub struct Leader<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The leader's handle: calls only the lease holder's services make, over every resource.
+#[derive(Clone)]
+pub struct Leader {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
+    pub(super) jobs: Jobs,
+    pub(super) queues: Queues,
+    pub(super) events: Events,
+    pub(super) timers: Timers,
+    pub(super) workers: Workers,
+    pub(super) workflows: Workflows,
+    pub(super) cron: Cron,
+    pub(super) stats: Stats,
 }
 
 /// What the leader's handle owns.
@@ -35,4 +50,14 @@ pub(super) struct Owned {
     pub(super) kv: kv::Store,
     /// The leader's index of completed, cancelled and pending jobs (`finished_index.rs`).
     pub(super) finished: FinishedIndex,
+}
+
+impl Leader {
+    /// Applies a batch's index moves to the finished index (`finished_index.rs`).
+    ///
+    /// # Errors
+    /// When NATS fails; the batch is then retried.
+    pub async fn index_jobs(&self, moves: &[IndexMove]) -> Result<(), OjsError> {
+        self.own.finished.index(&self.conn, moves).await
+    }
 }

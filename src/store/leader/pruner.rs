@@ -31,12 +31,12 @@ pub enum WriteBody {
     Unreadable,
 }
 
-impl Leader<'_> {
+impl Leader {
     /// The sequence the pruner continues from; 0 when it never ran.
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn pruner_cursor(self) -> Result<u64, OjsError> {
+    pub async fn pruner_cursor(&self) -> Result<u64, OjsError> {
         let entry = self
             .own
             .kv
@@ -50,7 +50,7 @@ impl Leader<'_> {
 
     /// # Errors
     /// When NATS fails.
-    pub async fn save_pruner_cursor(self, next: u64) -> Result<(), OjsError> {
+    pub async fn save_pruner_cursor(&self, next: u64) -> Result<(), OjsError> {
         self.own
             .kv
             .put(CURSOR_KEY, Bytes::from(next.to_string()))
@@ -67,10 +67,10 @@ impl Leader<'_> {
     /// # Errors
     /// When NATS fails.
     pub async fn prunable_sequences(
-        self,
+        &self,
         term: u64,
     ) -> Result<std::ops::RangeInclusive<u64>, OjsError> {
-        let stream = &self.store.jobs().own.kv.stream;
+        let stream = &self.jobs.own.kv.stream;
         let first = stream
             .get_info()
             .await
@@ -78,7 +78,7 @@ impl Leader<'_> {
             .state
             .first_sequence;
         let acked = match stream
-            .consumer_info(self.store.inner.topology.event_publisher_consumer(term))
+            .consumer_info(self.conn.topology.event_publisher_consumer(term))
             .await
         {
             Ok(info) => info.ack_floor.stream_sequence,
@@ -93,10 +93,10 @@ impl Leader<'_> {
     /// # Errors
     /// When NATS fails.
     pub async fn stored_writes(
-        self,
+        &self,
         sequences: std::ops::RangeInclusive<u64>,
     ) -> Result<Vec<StoredWrite>, OjsError> {
-        let stream = &self.store.jobs().own.kv.stream;
+        let stream = &self.jobs.own.kv.stream;
         let reads = join_all(sequences.map(|seq| stream.direct_get(seq))).await;
         let mut writes = Vec::with_capacity(reads.len());
         for read in reads {
@@ -132,17 +132,13 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When NATS refuses the purge.
-    pub async fn prune_job(self, id: &str, through: u64) -> Result<(), OjsError> {
-        self.store
-            .jobs()
+    pub async fn prune_job(&self, id: &str, through: u64) -> Result<(), OjsError> {
+        self.jobs
             .own
             .kv
             .stream
             .purge()
-            .filter(format!(
-                "$KV.{}.{id}",
-                self.store.inner.topology.jobs_bucket()
-            ))
+            .filter(format!("$KV.{}.{id}", self.conn.topology.jobs_bucket()))
             .sequence(through + 1)
             .await
             .map_err(backend("pruning a finished job"))?;

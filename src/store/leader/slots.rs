@@ -11,17 +11,17 @@ use crate::domain::requests::MAX_FETCH_WAIT_MS;
 use crate::store::cas::Replica;
 use crate::store::queues::rate_limit::Slot;
 
-impl Leader<'_> {
+impl Leader {
     /// Every queue with a concurrency limit, as this replica knows them.
-    pub fn concurrency_limited_queues(self) -> Vec<String> {
-        self.store.queues().own.registry.concurrency_limited()
+    pub fn concurrency_limited_queues(&self) -> Vec<String> {
+        self.queues.own.registry.concurrency_limited()
     }
 
     /// How old a running place must be before the sweep may free it: older than any claim
     /// still on its way (a FETCH takes no NATS step past its wait plus `nats_timeout_ms`,
     /// and its record write takes at most one `nats_timeout_ms` more).
-    pub fn slot_grace(self) -> Duration {
-        Duration::from_millis(MAX_FETCH_WAIT_MS) + 2 * self.store.inner.nats_timeout
+    pub fn slot_grace(&self) -> Duration {
+        Duration::from_millis(MAX_FETCH_WAIT_MS) + 2 * self.conn.nats_timeout
     }
 
     /// Leader: frees the running places of `queue` whose job no longer runs under them —
@@ -31,10 +31,10 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When NATS fails; the next sweep repeats it.
-    pub async fn sweep_slots(self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
-        let stream = self.store.inner.topology.slot_stream(queue);
+    pub async fn sweep_slots(&self, queue: &str, grace: Duration) -> Result<usize, OjsError> {
+        let stream = self.conn.topology.slot_stream(queue);
         let places = self
-            .store
+            .conn
             .read_stream_from(&stream, None, 1, rate_limit::MAX_CONCURRENCY as usize)
             .await?;
         let mut freed = 0;
@@ -47,18 +47,14 @@ impl Leader<'_> {
                 continue;
             };
             let held = self
-                .store
-                .jobs()
+                .jobs
                 .read(&slot.id, Replica::Leader)
                 .await?
                 .is_some_and(|(rec, _)| {
                     rate_limit::holds_slot(&rec, slot.dispatch, place.sequence)
                 });
             if !held {
-                self.store
-                    .queues()
-                    .give_back_slot(queue, place.sequence)
-                    .await;
+                self.queues.give_back_slot(queue, place.sequence).await;
                 freed += 1;
             }
         }

@@ -111,17 +111,17 @@ impl TimerFeed {
     }
 }
 
-impl Leader<'_> {
+impl Leader {
     /// Stores deadline timers (from the leader's deadline watch), all acknowledged.
     ///
     /// # Errors
     /// When one is not stored; publishing them all again is harmless.
-    pub async fn arm_deadlines(self, timers: &[Timer]) -> Result<(), OjsError> {
+    pub async fn arm_deadlines(&self, timers: &[Timer]) -> Result<(), OjsError> {
         let mut sent = Vec::with_capacity(timers.len());
         for timer in timers {
-            sent.push(self.store.timers().send_timer(timer).await?);
+            sent.push(self.timers.send_timer(timer).await?);
         }
-        self.store.all_stored(sent).await
+        self.conn.all_stored(sent).await
     }
 
     /// Opens the timer feed from the start: the consumer is recreated, so every timer not
@@ -129,11 +129,10 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When the consumer cannot be created.
-    pub async fn timer_feed(self) -> Result<TimerFeed, OjsError> {
-        let t = &self.store.inner.topology;
+    pub async fn timer_feed(&self) -> Result<TimerFeed, OjsError> {
+        let t = &self.conn.topology;
         let stream = self
-            .store
-            .inner
+            .conn
             .js
             .get_stream(t.timers_stream())
             .await
@@ -179,7 +178,7 @@ impl Leader<'_> {
     /// is not written yet (its PUSH is still under way): to be fired again a moment later.
     /// Otherwise when NATS fails.
     pub async fn fire_timer(
-        self,
+        &self,
         pending: &PendingTimer,
         ahead: Option<ReadAhead>,
     ) -> Result<(), OjsError> {
@@ -187,20 +186,18 @@ impl Leader<'_> {
         let ahead = ahead.map(|a| (a.record, a.revision));
         let fired = match timer.kind {
             TimerKind::Promote => self
-                .store
-                .jobs()
+                .jobs
                 .transition_from(&timer.id, ahead, |rec, now| {
                     Ok(lifecycle::promote(rec, now, timer.dispatch))
                 })
                 .await
                 .map(drop),
             TimerKind::Deadline => self.fire_deadline(timer).await,
-            TimerKind::Worker => self.store.workers().worker_expired(&timer.id).await,
+            TimerKind::Worker => self.workers.worker_expired(&timer.id).await,
             TimerKind::Workflow => self.workflow_timer_fired(&timer.id).await,
-            TimerKind::Batch => self.store.jobs().batch_timer_fired(timer).await,
+            TimerKind::Batch => self.jobs.batch_timer_fired(timer).await,
             TimerKind::Expire => self
-                .store
-                .jobs()
+                .jobs
                 .transition_from(&timer.id, ahead, |rec, now| Ok(lifecycle::expire(rec, now)))
                 .await
                 .map(drop),
@@ -216,13 +213,12 @@ impl Leader<'_> {
 
     /// An active job's deadline: fail it (execution timeout) or return it to the queue
     /// (lapsed reservation); if a heartbeat moved the deadline, set a timer for the new one.
-    async fn fire_deadline(self, timer: &Timer) -> Result<(), OjsError> {
+    async fn fire_deadline(&self, timer: &Timer) -> Result<(), OjsError> {
         let later = Mutex::new(None);
         let jitter = rand::random_range(0.5..1.5);
-        let default_timeout = self.store.inner.execution_timeout;
+        let default_timeout = self.conn.execution_timeout;
         let settled = self
-            .store
-            .jobs()
+            .jobs
             .transition(&timer.id, |rec, now| {
                 Ok(
                     match lifecycle::on_deadline(
@@ -243,13 +239,12 @@ impl Leader<'_> {
                 )
             })
             .await?;
-        self.store.jobs().release(&settled).await;
+        self.jobs.release(&settled).await;
         let later = *later.lock().expect("deadline lock");
         if let Some(due) = later {
-            self.store
+            self.conn
                 .stored(
-                    self.store
-                        .timers()
+                    self.timers
                         .send_timer(&Timer::deadline(&settled.after, due))
                         .await?,
                 )
@@ -260,12 +255,12 @@ impl Leader<'_> {
 
     /// Reads the job record `timer` will change, ahead of its due time; `None` for other
     /// kinds of timer, a job that is gone, or a read that failed (the firing reads then).
-    pub async fn read_ahead(self, timer: &Timer) -> Option<ReadAhead> {
+    pub async fn read_ahead(&self, timer: &Timer) -> Option<ReadAhead> {
         if !timer.reads_ahead() {
             return None;
         }
         let last = cas::last(
-            &self.store.jobs().own.kv,
+            &self.jobs.own.kv,
             &timer.id,
             Replica::Nearest,
             "reading a job ahead of its timer",
@@ -284,8 +279,8 @@ impl Leader<'_> {
     }
 
     /// Removes a fired timer from the stream.
-    pub async fn timer_done(self, timer: PendingTimer) {
-        let client = self.store.inner.js.client();
+    pub async fn timer_done(&self, timer: PendingTimer) {
+        let client = self.conn.js.client();
         if let Err(err) = client.publish(timer.ack_subject, Bytes::new()).await {
             warn!(error = %err, "could not acknowledge a fired timer");
         }
@@ -296,9 +291,8 @@ impl Leader<'_> {
     ///
     /// # Errors
     /// When the server does not confirm it; the caller keeps the timer then.
-    pub async fn hand_back(self, timer: &PendingTimer, delay: Duration) -> Result<(), OjsError> {
-        self.store
-            .inner
+    pub async fn hand_back(&self, timer: &PendingTimer, delay: Duration) -> Result<(), OjsError> {
+        self.conn
             .js
             .client()
             .request(
@@ -311,7 +305,7 @@ impl Leader<'_> {
     }
 
     /// How many timers the leader may hold in memory ahead of their due time, in ms.
-    pub fn timer_horizon_ms(self) -> u64 {
-        self.store.inner.timer_horizon_ms
+    pub fn timer_horizon_ms(&self) -> u64 {
+        self.conn.timer_horizon_ms
     }
 }

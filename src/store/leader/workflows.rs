@@ -9,11 +9,11 @@ use crate::domain::job::Slot;
 use crate::domain::workflow::{self, Seen, WorkflowRecord, WorkflowState};
 use crate::store::cas::{self, Replica};
 
-impl Leader<'_> {
+impl Leader {
     /// The workflow timer fired (leader): a root never marked ready was abandoned by its
     /// creation and is cancelled; a cancelled workflow has its cancellations repeated.
-    pub(in crate::store) async fn workflow_timer_fired(self, id: &str) -> Result<(), OjsError> {
-        let kv = &self.store.workflows().own.kv;
+    pub(in crate::store) async fn workflow_timer_fired(&self, id: &str) -> Result<(), OjsError> {
+        let kv = &self.workflows.own.kv;
         let Some(record) = cas::read::<WorkflowRecord>(kv, id, Replica::Leader, "workflow")
             .await?
             .value
@@ -21,8 +21,7 @@ impl Leader<'_> {
             return Ok(());
         };
         if record.state == WorkflowState::Cancelled {
-            self.store
-                .workflows()
+            self.workflows
                 .carry_out(&record, &workflow::cancellations(&record))
                 .await?;
         } else if !record.ready && record.state == WorkflowState::Running {
@@ -30,7 +29,7 @@ impl Leader<'_> {
                 workflow_id = id,
                 "a workflow's creation was cut short; cancelling it"
             );
-            self.store.workflows().cancel_nested(id).await?;
+            self.workflows.cancel_nested(id).await?;
         }
         Ok(())
     }
@@ -43,7 +42,7 @@ impl Leader<'_> {
     /// # Errors
     /// When NATS does not answer; everything done so far is idempotent, so the caller
     /// repeats it.
-    pub async fn advance_workflows(self, seen: &[(String, Slot, Seen)]) -> Result<(), OjsError> {
+    pub async fn advance_workflows(&self, seen: &[(String, Slot, Seen)]) -> Result<(), OjsError> {
         let mut order: Vec<&str> = Vec::new();
         let mut by_workflow: HashMap<&str, Vec<(Slot, Seen)>> = HashMap::new();
         for (id, slot, what) in seen {
@@ -56,12 +55,7 @@ impl Leader<'_> {
                 .push((*slot, what.clone()));
         }
         for id in order {
-            match self
-                .store
-                .workflows()
-                .apply_seen(id, &by_workflow[id])
-                .await
-            {
+            match self.workflows.apply_seen(id, &by_workflow[id]).await {
                 Err(err) if err.code == ErrorCode::BackendUnavailable => return Err(err),
                 Err(err) => {
                     tracing::error!(workflow_id = id, error = %err.with_causes(), "passing over a workflow that cannot be moved on");

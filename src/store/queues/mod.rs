@@ -7,20 +7,21 @@ pub(super) mod puller;
 pub(super) mod rate_limit;
 pub(super) mod registry;
 
-pub(super) use backpressure::DepthCache;
-pub use backpressure::Pressure;
-pub use ops::QueueStats;
-pub use rate_limit::LimitUsage;
-pub use registry::QueueMeta;
-pub(super) use registry::QueueRegistry;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::Store;
+use crate::store::connection::Connection;
+use crate::store::events::Events;
+use registry::QueueRegistry;
 
-/// The queues resource, as a caller holds it: the store and what the resource owns.
-#[derive(Clone, Copy)]
-pub struct Queues<'a> {
-    pub(super) store: &'a Store,
-    pub(super) own: &'a Owned,
+/// The queues resource, as a caller holds it: what it owns, and the events it publishes
+/// (pause, resume, a refused PUSH).
+#[derive(Clone)]
+pub struct Queues {
+    pub(super) conn: Arc<Connection>,
+    pub(super) own: Arc<Owned>,
+    pub(super) events: Events,
 }
 
 /// What the queues resource owns.
@@ -29,3 +30,7 @@ pub(super) struct Owned {
     /// Bounded queues' depths as last read, for the pressure headers (`backpressure.rs`).
     pub(super) depths: DepthCache,
 }
+
+/// Each queue's depth as this gateway last read it, and when.
+#[derive(Default)]
+pub(super) struct DepthCache(pub(super) std::sync::Mutex<HashMap<String, (Instant, u64)>>);

@@ -17,8 +17,8 @@ use super::Queues;
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
 use crate::domain::rate_limit::{Limits, RateLimit};
+use crate::store::connection::ensure_stream;
 use crate::store::deadline::by_deadline;
-use crate::store::ensure_stream;
 use crate::store::error::{already_deleted, backend};
 
 /// A running place of a concurrency-limited queue: the job and dispatch that took it.
@@ -40,7 +40,7 @@ pub struct LimitUsage {
     pub window_ends_ms: i64,
 }
 
-impl Queues<'_> {
+impl Queues {
     /// PUSH: makes each job's `rate_limit` its queue's before any of its messages exist —
     /// the token streams first, then the registry entry every replica's FETCH follows. A
     /// limit already in force costs a map lookup.
@@ -48,7 +48,7 @@ impl Queues<'_> {
     /// # Errors
     /// As the checks of `Limits::parse`; `backend_error` when NATS fails.
     pub(in crate::store) async fn ensure_rate_limits(
-        self,
+        &self,
         records: &[JobRecord],
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
@@ -70,7 +70,7 @@ impl Queues<'_> {
     ///
     /// # Errors
     /// 400 past `max_queues`; `backend_error` when NATS fails.
-    pub async fn configure_queue(self, queue: &str, limits: Limits) -> Result<(), OjsError> {
+    pub async fn configure_queue(&self, queue: &str, limits: Limits) -> Result<(), OjsError> {
         self.own.registry.admit_new(queue)?;
         self.apply_limits(queue, limits, Utc::now()).await
     }
@@ -78,26 +78,22 @@ impl Queues<'_> {
     /// The token streams of the limits that change first, then the registry entry every
     /// replica's FETCH follows; a limit already in force costs a map lookup.
     async fn apply_limits(
-        self,
+        &self,
         queue: &str,
         limits: Limits,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
-        let t = &self.store.inner.topology;
+        let t = &self.conn.topology;
         let current = self.own.registry.limits(queue);
         let rate = limits.rate.filter(|r| current.rate != Some(*r));
         let concurrency = limits
             .concurrency
             .filter(|c| current.concurrency != Some(*c));
         if let Some(rate) = rate {
-            ensure_stream(&self.store.inner.js, t.rate_stream_config(queue, rate)).await?;
+            ensure_stream(&self.conn.js, t.rate_stream_config(queue, rate)).await?;
         }
         if let Some(concurrency) = concurrency {
-            ensure_stream(
-                &self.store.inner.js,
-                t.slot_stream_config(queue, concurrency),
-            )
-            .await?;
+            ensure_stream(&self.conn.js, t.slot_stream_config(queue, concurrency)).await?;
         }
         if rate.is_some() || concurrency.is_some() {
             self.own.registry.set_limits(queue, limits, now).await?;
@@ -111,12 +107,12 @@ impl Queues<'_> {
     ///
     /// # Errors
     /// When NATS fails.
-    pub async fn limit_usage(self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
+    pub async fn limit_usage(&self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
         let limits = self.own.registry.limits(queue);
         if limits.rate.is_none() && limits.concurrency.is_none() {
             return Ok(None);
         }
-        let t = &self.store.inner.topology;
+        let t = &self.conn.topology;
         let doing = "reading a queue's limits";
         let mut usage = LimitUsage {
             limits,
@@ -126,8 +122,7 @@ impl Queues<'_> {
         };
         if limits.concurrency.is_some() {
             let stream = self
-                .store
-                .inner
+                .conn
                 .js
                 .get_stream(t.slot_stream(queue))
                 .await
@@ -138,8 +133,7 @@ impl Queues<'_> {
             let window = rate.window_index(Utc::now().timestamp_millis());
             let subject = t.rate_subject(queue, window);
             let stream = self
-                .store
-                .inner
+                .conn
                 .js
                 .get_stream(t.rate_stream(queue))
                 .await
@@ -160,7 +154,7 @@ impl Queues<'_> {
     }
 
     /// Every queue with a limit, as this replica knows them.
-    pub fn limited_queues(self) -> Vec<String> {
+    pub fn limited_queues(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .list()
             .into_iter()
@@ -178,7 +172,7 @@ impl Queues<'_> {
     /// # Errors
     /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
     pub(in crate::store) async fn take_slot(
-        self,
+        &self,
         queue: &str,
         concurrency: u64,
         id: &str,
@@ -189,9 +183,9 @@ impl Queues<'_> {
             dispatch,
         })
         .expect("slots serialize");
-        let topology = &self.store.inner.topology;
+        let topology = &self.conn.topology;
         let taken = self
-            .store
+            .conn
             .take_token(
                 topology.slot_subject(queue),
                 body.into(),
@@ -204,10 +198,10 @@ impl Queues<'_> {
 
     /// Frees a running place of `queue` (its message `sequence`). Best effort, by the
     /// deadline: a place left taken is freed by the leader's sweep (`sweep_slots`).
-    pub(in crate::store) async fn give_back_slot(self, queue: &str, sequence: u64) {
-        let stream = self.store.inner.topology.slot_stream(queue);
+    pub(in crate::store) async fn give_back_slot(&self, queue: &str, sequence: u64) {
+        let stream = self.conn.topology.slot_stream(queue);
         let freeing = async {
-            match self.store.inner.js.get_stream_no_info(&stream).await {
+            match self.conn.js.get_stream_no_info(&stream).await {
                 Ok(stream) => match stream.delete_message(sequence).await {
                     Ok(_) => Ok(()),
                     // Freed already (by the sweep, or an earlier try whose answer was lost).
@@ -231,14 +225,14 @@ impl Queues<'_> {
     /// # Errors
     /// `backend_error` when NATS fails, `backend_unavailable` when it does not answer in time.
     pub(in crate::store) async fn take_start(
-        self,
+        &self,
         queue: &str,
         limit: RateLimit,
     ) -> Result<bool, OjsError> {
         let window = limit.window_index(Utc::now().timestamp_millis());
-        let topology = &self.store.inner.topology;
+        let topology = &self.conn.topology;
         let taken = self
-            .store
+            .conn
             .take_token(
                 topology.rate_subject(queue, window),
                 bytes::Bytes::new(),

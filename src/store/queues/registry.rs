@@ -397,8 +397,11 @@ impl QueueRegistry {
             return Ok(());
         }
         let reg = &self.inner;
-        let stream =
-            crate::store::ensure_stream(&reg.js, reg.topology.queue_stream_config(queue)).await?;
+        let stream = crate::store::connection::ensure_stream(
+            &reg.js,
+            reg.topology.queue_stream_config(queue),
+        )
+        .await?;
         let doing = "creating a priority consumer";
         let consumer = Topology::priority_consumer(priority);
         let _: PullConsumer = answered(doing, || {

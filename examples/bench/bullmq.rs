@@ -36,8 +36,8 @@ pub struct Reported {
 }
 
 /// Runs the driver against the Redis at `url` with the benchmark's shape settings and the
-/// scenarios asked for among those it knows; its progress goes to stderr as it runs. Stops
-/// the benchmark if the driver cannot run or fails.
+/// scenarios asked for among those it knows, and reads its rows; its progress and errors go
+/// to stderr as it runs. Stops the benchmark if the driver cannot run or fails.
 pub async fn run(url: &str, s: &Settings) -> Vec<Reported> {
     let scenarios: Vec<&str> = SCENARIOS.into_iter().filter(|n| s.wants(n)).collect();
     if scenarios.is_empty() {
@@ -53,13 +53,16 @@ pub async fn run(url: &str, s: &Settings) -> Vec<Reported> {
         .args(["--rate", &s.rate.to_string()])
         .args(["--latency-secs", &s.latency_secs.to_string()])
         .args(["--latency-workers", &s.latency_workers.to_string()])
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("cannot run node {DRIVER}: {e}")))
+        .wait_with_output()
         .await
-        .unwrap_or_else(|e| fail(&format!("cannot run node {DRIVER}: {e}")));
+        .unwrap_or_else(|e| fail(&format!("the BullMQ driver: {e}")));
     if !output.status.success() {
         fail(&format!(
-            "the BullMQ driver failed ({}); `npm ci` in examples/bench/bullmq installs its modules",
+            "the BullMQ driver failed ({}); its messages are above",
             output.status
         ));
     }

@@ -204,7 +204,6 @@ impl Bench {
                     .collect(),
                 ..Default::default()
             };
-            progress(&outcome);
             self.outcomes.push(outcome);
         }
     }

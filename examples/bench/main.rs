@@ -1,7 +1,9 @@
 //! The ojs-jetstream benchmark (docs/performance.md). It drives a running gateway over HTTP
 //! with keep-alive connections and, in the same run, the gateway's NATS server directly with
 //! async-nats doing the minimum a job needs (the *floor*): every gateway figure is quoted as
-//! a ratio to the floor measured minutes earlier on the same machine.
+//! a ratio to the floor measured minutes earlier on the same machine. With `--bullmq`, BullMQ
+//! on that Redis is measured first with the same shapes (`bullmq.rs`), and the gateway's
+//! `enqueue-1`, `drain-*`, `e2e` and `latency` rows are quoted against it as well.
 //!
 //! ```text
 //! cargo run --release --example bench -- [--url http://127.0.0.1:8080]
@@ -10,7 +12,8 @@
 //!     [--latency-workers 8]
 //!     [--scenarios enqueue,drain,e2e,latency[,bounded][,memory][,timers][,workflow]
 //!     [,rate-limit][,stats]]
-//!     [--gateway-pid PID] [--nats-pid PID] [--memory-jobs 500000] [--timer-jobs 100000]
+//!     [--gateway-pid PID] [--nats-pid PID] [--bullmq redis://127.0.0.1:16379]
+//!     [--memory-jobs 500000] [--timer-jobs 100000]
 //!     [--workflow-steps 1000] [--workflow-members 10000] [--rate-limit 200]
 //!     [--stats-jobs 1000000]
 //! ```
@@ -31,6 +34,7 @@
 //! statistics, the admin listing's first page (newest and oldest first) and the aggregate
 //! admin statistics.
 
+mod bullmq;
 mod drivers;
 #[path = "../common/flags.rs"]
 mod flags;
@@ -54,7 +58,6 @@ use crate::settings::Settings;
 #[tokio::main]
 async fn main() {
     let settings = Settings::from_args();
-    let floor = Floor::connect(&settings.nats).await;
     let prefix = format!("bench-{}", std::process::id());
     let gateway = Gateway::new(&settings.url);
     if gateway
@@ -64,7 +67,14 @@ async fn main() {
     {
         fail(&format!("no gateway answers at {}", settings.url));
     }
+    // BullMQ first, on its own: the gateway and NATS sit idle meanwhile.
+    let bullmq = match &settings.bullmq {
+        Some(url) => bullmq::run(url, &settings).await,
+        None => Vec::new(),
+    };
+    let floor = Floor::connect(&settings.nats).await;
     let mut bench = Bench::new(settings.clone(), gateway, prefix, floor.clone());
+    bench.bullmq(bullmq);
     let s = &settings;
     let single = Load {
         jobs: s.jobs,

@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use ojs_jetstream::store::Topology;
 use serde_json::json;
 
+use crate::bullmq::Reported;
 use crate::drivers::Tally;
 use crate::floor::Floor;
 use crate::gateway::Gateway;
@@ -29,8 +30,13 @@ pub struct Outcome {
     missing: usize,
     /// Enqueue→fetch latencies in microseconds (latency scenarios only).
     latencies: Vec<u64>,
+    /// p50, p99 and max latency in ms as a driver reported them, instead of `latencies`
+    /// (BullMQ rows).
+    reported_ms: Option<[Option<f64>; 3]>,
     /// The floor scenario this one is compared with.
     floor: Option<String>,
+    /// The BullMQ scenario this one is compared with, when BullMQ was measured.
+    bullmq: Option<String>,
     /// Seconds the gateway's event publisher needed afterwards to catch up.
     events_catch_up: Option<f64>,
     rss_idle_mb: Option<f64>,
@@ -56,6 +62,12 @@ impl Outcome {
         sorted.sort_unstable();
         let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
         Some(sorted[index] as f64 / 1000.0)
+    }
+
+    /// p50, p99 and max latency in ms.
+    fn latency(&self) -> [Option<f64>; 3] {
+        self.reported_ms
+            .unwrap_or_else(|| [0.5, 0.99, 1.0].map(|p| self.percentile(p)))
     }
 }
 
@@ -176,6 +188,26 @@ impl Bench {
         }
     }
 
+    /// The rows of BullMQ's scenarios (`bullmq::run`), named `bullmq-<scenario>`.
+    pub fn bullmq(&mut self, reported: Vec<Reported>) {
+        for r in reported {
+            let outcome = Outcome {
+                name: format!("bullmq-{}", r.scenario),
+                jobs: r.jobs,
+                seconds: r.secs,
+                errors: r.errors,
+                missing: r.missing,
+                reported_ms: Some([r.p50_ms, r.p99_ms, r.max_ms]),
+                cpu: ["redis", "node"]
+                    .into_iter()
+                    .filter_map(|n| Some((n, *r.cpu_secs.get(n)?)))
+                    .collect(),
+                ..Default::default()
+            };
+            self.outcomes.push(outcome);
+        }
+    }
+
     /// Times an enqueue of `load` into `queue`.
     pub async fn enqueue(
         &mut self,
@@ -199,6 +231,7 @@ impl Bench {
             errors: tally.errors.load(Ordering::Relaxed),
             missing: load.jobs - tally.done.load(Ordering::Relaxed),
             floor: (!floor).then(|| "floor-enqueue".to_owned()),
+            bullmq: (!floor).then(|| format!("bullmq-{name}")),
             ..Default::default()
         };
         outcome.cpu = meter.finish();
@@ -229,6 +262,7 @@ impl Bench {
             errors: tally.errors.load(Ordering::Relaxed),
             missing: target.saturating_sub(done),
             floor: (!floor).then(|| format!("floor-drain-{count}")),
+            bullmq: (!floor).then(|| "bullmq-drain".to_owned()),
             ..Default::default()
         };
         outcome.cpu = meter.finish();
@@ -264,6 +298,7 @@ impl Bench {
                 + consumed.errors.load(Ordering::Relaxed),
             missing: load.jobs.saturating_sub(done),
             floor: (!floor).then(|| format!("floor-{name}")),
+            bullmq: (!floor).then(|| format!("bullmq-{name}")),
             latencies: if load.pace.is_some() {
                 latencies
             } else {
@@ -688,13 +723,14 @@ impl Bench {
 
     pub fn report(&self) {
         println!(
-            "{:<20} {:>8} {:>8} {:>10} {:>10} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}  cpu s (gateway/nats/bench)",
+            "{:<20} {:>8} {:>8} {:>10} {:>10} {:>6} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}  cpu s (gateway/nats/bench; bullmq rows: redis/node)",
             "scenario",
             "jobs",
             "secs",
             "jobs/s",
             "floor/s",
             "ratio",
+            "÷bullmq",
             "p50 ms",
             "p99 ms",
             "max ms",
@@ -704,23 +740,31 @@ impl Bench {
         let fmt = |v: Option<f64>, digits: usize| {
             v.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
         };
+        let find = |name: &Option<String>| {
+            name.as_ref()
+                .and_then(|n| self.outcomes.iter().find(|x| &x.name == n))
+        };
         for o in &self.outcomes {
-            let floor = o
-                .floor
-                .as_ref()
-                .and_then(|f| self.outcomes.iter().find(|x| &x.name == f));
+            let floor = find(&o.floor);
             let floor_rate = floor.map(Outcome::rate);
             let ratio = floor_rate.map(|f| o.rate() / f);
-            let (p50, p99, max) = (o.percentile(0.5), o.percentile(0.99), o.percentile(1.0));
-            let floor_p99 = floor.and_then(|f| f.percentile(0.99));
+            let [p50, p99, max] = o.latency();
+            let floor_p99 = floor.and_then(|f| f.latency()[1]);
+            let bullmq = find(&o.bullmq);
+            let bullmq_rate = bullmq.map(Outcome::rate);
+            let bullmq_ratio = bullmq_rate.map(|b| o.rate() / b);
+            let bullmq_p99 = bullmq.and_then(|b| b.latency()[1]);
+            let bullmq_p99_ratio = p99.zip(bullmq_p99).map(|(g, b)| g / b);
             println!(
-                "{:<20} {:>8} {:>8.2} {:>10.0} {:>10} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7}  {}",
+                "{:<20} {:>8} {:>8.2} {:>10.0} {:>10} {:>6} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}  {}",
                 o.name,
                 o.jobs,
                 o.seconds,
                 o.rate(),
                 fmt(floor_rate, 0),
                 fmt(ratio, 2),
+                // Latency rows: p99 against BullMQ's p99 (lower is better); the others, jobs/s.
+                fmt(bullmq_p99_ratio.or(bullmq_ratio), 2),
                 fmt(p50, 2),
                 fmt(p99, 2),
                 fmt(max, 2),
@@ -744,6 +788,11 @@ impl Bench {
                 "p99_ms": p99,
                 "max_ms": max,
                 "floor_p99_ms": floor_p99,
+                "bullmq": bullmq.map(|b| &b.name),
+                "bullmq_jobs_per_sec": bullmq_rate,
+                "ratio_to_bullmq": bullmq_ratio,
+                "bullmq_p99_ms": bullmq_p99,
+                "p99_ratio_to_bullmq": bullmq_p99_ratio,
                 "errors": o.errors,
                 "missing": o.missing,
                 "events_catch_up_secs": o.events_catch_up,

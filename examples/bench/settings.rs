@@ -17,6 +17,8 @@ pub struct Settings {
     scenarios: Vec<String>,
     pub gateway_pid: Option<u32>,
     pub nats_pid: Option<u32>,
+    /// Redis URL of the BullMQ scenarios; none without it.
+    pub bullmq: Option<String>,
     pub memory_jobs: usize,
     pub timer_jobs: usize,
     pub workflow_steps: usize,
@@ -46,6 +48,7 @@ impl Settings {
             latency_workers: f.number("latency-workers", 8),
             gateway_pid: f.get("gateway-pid"),
             nats_pid: f.get("nats-pid"),
+            bullmq: f.get("bullmq"),
             memory_jobs: f.number("memory-jobs", 500_000),
             timer_jobs: f.number("timer-jobs", 100_000),
             workflow_steps: f.number("workflow-steps", 1_000),

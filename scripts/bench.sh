@@ -12,6 +12,9 @@
 # otherwise what it needs is installed when missing: Debian's redis-server and node (apt),
 # and the driver's node modules (npm ci in examples/bench/bullmq). Redis runs with an
 # append-only file fsynced every second and no snapshots (docs/performance.md §1).
+# BENCH_LEADER_DELAY_US (e.g. 500) then measures the `leader` scenario once more, with a
+# second gateway whose NATS connection passes a proxy that holds each chunk that long each
+# way (a 1 ms round trip for 500), in a namespace of its own.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,11 +55,13 @@ work="$(mktemp -d)"
 nats_pid=""
 gateway_pid=""
 redis_pid=""
+proxy_pid=""
 # shellcheck disable=SC2317  # called from a trap
 cleanup() {
     stop_process "$gateway_pid"
     stop_process "$nats_pid"
     stop_process "$redis_pid"
+    stop_process "$proxy_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -93,3 +98,23 @@ echo "bench: $("$nats_bin" --version), $(nproc) cores, gateway pid $gateway_pid"
 "$release/examples/bench" --url "http://127.0.0.1:$http_port" \
     --nats "nats://127.0.0.1:$nats_port" --gateway-pid "$gateway_pid" --nats-pid "$nats_pid" \
     "${bullmq_flags[@]}" "$@"
+
+if [[ -n "${BENCH_LEADER_DELAY_US:-}" ]]; then
+    proxy_port=$((nats_port + 1))
+    delayed_port=$((http_port + 1))
+    stop_process "$gateway_pid"
+    "$release/examples/bench" --delay-proxy "127.0.0.1:$proxy_port" \
+        --upstream "127.0.0.1:$nats_port" --delay-us "$BENCH_LEADER_DELAY_US" \
+        >"$work/proxy.log" 2>&1 &
+    proxy_pid=$!
+    wait_until delay-proxy "$proxy_pid" "$work/proxy.log" 10 port_open 127.0.0.1 "$proxy_port"
+    OJS_NATS_URL="nats://127.0.0.1:$proxy_port" OJS_LISTEN="127.0.0.1:$delayed_port" \
+        OJS_NAMESPACE=delayed OJS_API_KEYS="${OJS_API_KEY:-}" "$release/ojs-jetstream" serve \
+        >"$work/delayed-gateway.log" 2>&1 &
+    gateway_pid=$!
+    wait_until gateway "$gateway_pid" "$work/delayed-gateway.log" 60 http_ok "http://127.0.0.1:$delayed_port/ojs/v1/health"
+    echo "bench: the leader once more, NATS $BENCH_LEADER_DELAY_US µs away each way" >&2
+    "$release/examples/bench" --url "http://127.0.0.1:$delayed_port" \
+        --nats "nats://127.0.0.1:$nats_port" --namespace delayed \
+        --gateway-pid "$gateway_pid" --nats-pid "$nats_pid" --scenarios leader
+fi

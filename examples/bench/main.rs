@@ -11,11 +11,13 @@
 //!     [--workers 64] [--batch-producers 8] [--rate 200] [--latency-secs 10]
 //!     [--latency-workers 8]
 //!     [--scenarios enqueue,drain,e2e,latency[,bounded][,memory][,timers][,workflow]
-//!     [,rate-limit][,stats]]
+//!     [,rate-limit][,stats][,leader]]
 //!     [--gateway-pid PID] [--nats-pid PID] [--bullmq redis://127.0.0.1:16379]
 //!     [--memory-jobs 500000] [--timer-jobs 100000]
 //!     [--workflow-steps 1000] [--workflow-members 10000] [--rate-limit 200]
-//!     [--stats-jobs 1000000]
+//!     [--stats-jobs 1000000] [--leader-jobs 200000]
+//! cargo run --release --example bench -- --delay-proxy 127.0.0.1:14223
+//!     [--upstream 127.0.0.1:4222] [--delay-us 500]
 //! ```
 //!
 //! `scripts/bench.sh` starts a fresh nats-server and a release gateway and runs this against
@@ -30,11 +32,18 @@
 //! batch's last member ACK to its callback handed out. `rate-limit` drains ten seconds'
 //! worth of jobs of a queue limited to `--rate-limit` starts a second (its jobs/s against
 //! the limit); `bounded` is `e2e` through a queue bounded at twice its jobs (every PUSH
-//! takes a place, none is refused), against the floor's `e2e` (run `e2e` with it); `stats` stores `--stats-jobs` jobs and times 1000 reads each of the queue's
-//! statistics, the admin listing's first page (newest and oldest first) and the aggregate
-//! admin statistics.
+//! takes a place, none is refused), against the floor's `e2e` (run `e2e` with it); `stats`
+//! stores `--stats-jobs` jobs and times 1000 reads each of the queue's statistics, the
+//! admin listing's first page (newest and oldest first) and the aggregate admin
+//! statistics. `leader` enqueues `--leader-jobs` jobs in batches of 1000, faster than the
+//! leader follows, then times the leader working off the writes left (`leader-backlog`,
+//! writes/s: one write per job here) with nothing else running: the leader's ceiling, to
+//! set against the request path's `e2e`. With `--delay-proxy LISTEN` the program is instead
+//! a TCP proxy to `--upstream` that holds every chunk `--delay-us` each way, for a gateway
+//! whose NATS is across a network (`scripts/bench.sh`, `BENCH_LEADER_DELAY_US`).
 
 mod bullmq;
+mod delay_proxy;
 mod drivers;
 #[path = "../common/flags.rs"]
 mod flags;
@@ -58,6 +67,10 @@ use crate::settings::Settings;
 #[tokio::main]
 async fn main() {
     let settings = Settings::from_args();
+    if let Some(listen) = &settings.delay_proxy {
+        let delay = Duration::from_micros(settings.delay_us);
+        delay_proxy::run(listen, &settings.upstream, delay);
+    }
     let prefix = format!("bench-{}", std::process::id());
     let gateway = Gateway::new(&settings.url);
     if gateway
@@ -157,6 +170,9 @@ async fn main() {
     }
     if s.wants("rate-limit") {
         bench.rate_limit().await;
+    }
+    if s.wants("leader") {
+        bench.leader().await;
     }
     if s.wants("stats") {
         bench.stats().await;

@@ -72,7 +72,7 @@ impl Outcome {
 }
 
 /// Queue names the benchmark uses (prefixed per run).
-pub const QUEUES: [&str; 9] = [
+pub const QUEUES: [&str; 10] = [
     "drain",
     "e2e",
     "latency",
@@ -82,6 +82,7 @@ pub const QUEUES: [&str; 9] = [
     "workflow-callback",
     "rate-limit",
     "stats",
+    "leader",
 ];
 
 /// How jobs are offered.
@@ -649,6 +650,82 @@ impl Bench {
             outcome.cpu = meter.finish();
             progress(&outcome);
             self.outcomes.push(outcome);
+        }
+    }
+
+    /// `leader`: how fast one leader works off a backlog of job writes. `leader_jobs` jobs
+    /// are enqueued in batches of 1000 (one job write each), faster than the leader follows
+    /// (`leader-enqueue`); from the end of the enqueue until the event publisher has handled
+    /// every write, only the leader works: `leader-backlog` is the writes left at that moment
+    /// over that time, each turned into its event, counted and indexed.
+    pub async fn leader(&mut self) {
+        let load = Load {
+            jobs: self.settings.leader_jobs,
+            batch: 1000,
+            producers: self.settings.batch_producers,
+            pace: None,
+        };
+        let queue = self.gateway.queue("leader");
+        let tally = Arc::new(Tally::default());
+        let meter = self.meter();
+        let started = Instant::now();
+        self.gateway
+            .enqueue(&queue, load, self.clock, tally.clone())
+            .await;
+        let done = tally.done.load(Ordering::Relaxed);
+        let enqueued = Outcome {
+            name: "leader-enqueue".into(),
+            jobs: done,
+            seconds: started.elapsed().as_secs_f64(),
+            errors: tally.errors.load(Ordering::Relaxed),
+            missing: load.jobs - done,
+            cpu: meter.finish(),
+            ..Default::default()
+        };
+        progress(&enqueued);
+        self.outcomes.push(enqueued);
+
+        let stream = format!("KV_{}-jobs", self.settings.namespace);
+        let publisher = self.current_event_publisher(&stream).await;
+        let meter = self.meter();
+        let started = Instant::now();
+        let backlog = self.consumer_backlog(&stream, &publisher).await;
+        let caught_up = self
+            .wait_for_consumer(&stream, &publisher, Duration::from_secs(300), |info| {
+                info.num_pending == 0 && info.num_ack_pending == 0
+            })
+            .await;
+        let drained = Outcome {
+            name: "leader-backlog".into(),
+            jobs: backlog,
+            seconds: started.elapsed().as_secs_f64(),
+            errors: u64::from(!caught_up),
+            cpu: meter.finish(),
+            ..Default::default()
+        };
+        progress(&drained);
+        self.outcomes.push(drained);
+    }
+
+    /// The writes the consumer `name` on `stream` has not handled yet (pending, and
+    /// delivered but not acknowledged); 0 when it cannot be read (said on stderr).
+    async fn consumer_backlog(&self, stream: &str, name: &str) -> usize {
+        let consumer = self
+            .js
+            .get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(name, stream)
+            .await;
+        match consumer {
+            Ok(mut consumer) => match consumer.info().await {
+                Ok(info) => (info.num_pending + info.num_ack_pending as u64) as usize,
+                Err(e) => {
+                    eprintln!("bench: cannot read {name} on {stream}: {e}");
+                    0
+                }
+            },
+            Err(e) => {
+                eprintln!("bench: no consumer {name} on {stream}: {e}");
+                0
+            }
         }
     }
 

@@ -25,6 +25,11 @@ pub struct Settings {
     pub workflow_members: usize,
     pub rate_limit: u64,
     pub stats_jobs: usize,
+    pub leader_jobs: usize,
+    /// `--delay-proxy LISTEN`: run the delay proxy instead of the benchmark.
+    pub delay_proxy: Option<String>,
+    pub upstream: String,
+    pub delay_us: u64,
 }
 
 impl Settings {
@@ -55,6 +60,10 @@ impl Settings {
             workflow_members: f.number("workflow-members", 10_000),
             rate_limit: f.number("rate-limit", 200),
             stats_jobs: f.number("stats-jobs", 1_000_000),
+            leader_jobs: f.number("leader-jobs", 200_000),
+            delay_proxy: f.get("delay-proxy"),
+            upstream: f.text("upstream", "127.0.0.1:4222"),
+            delay_us: f.number("delay-us", 500),
         };
         f.finish();
         settings

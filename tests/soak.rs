@@ -23,12 +23,20 @@ use serde_json::json;
 /// Finished jobs and events are kept this long, so the streams reach a steady size early.
 const RETENTION_MS: u64 = 20_000;
 
+/// Ephemeral consumers a sample may catch: the leader's two sweeps (running places and
+/// depth tokens) and a listing or two, each deleted when done. Leaked ones would pile up.
+const MAX_EPHEMERAL: usize = 4;
+
 /// One reading of everything that must stay flat.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     secs: u64,
     rss_mb: [f64; 2],
+    /// Standing consumers (durable ones and KV watches): a new one is a leak.
     consumers: usize,
+    /// Ephemeral pull consumers: a sweep or listing in flight makes one and deletes it
+    /// afterwards (NATS removes any left after 10 s unused), so a sample may catch a few.
+    ephemeral: usize,
     jobs_stream: u64,
     events_stream: u64,
     timers_stream: u64,
@@ -47,6 +55,7 @@ async fn sample(
         secs,
         rss_mb: [gateways[0].rss_mb(), gateways[1].rss_mb()],
         consumers: 0,
+        ephemeral: 0,
         jobs_stream: 0,
         events_stream: 0,
         timers_stream: 0,
@@ -54,14 +63,28 @@ async fn sample(
         acked,
     };
     let mut streams = js.streams();
+    let mut names = Vec::new();
     while let Some(Ok(info)) = streams.next().await {
-        s.consumers += info.state.consumer_count;
+        names.push(info.config.name.clone());
         let messages = info.state.messages;
         match info.config.name.as_str() {
             "KV_ojs-jobs" => s.jobs_stream = messages,
             "ojs-events" => s.events_stream = messages,
             "ojs-timers" => s.timers_stream = messages,
             _ => {}
+        }
+    }
+    for name in names {
+        let stream = js.get_stream_no_info(&name).await.expect("a stream");
+        let mut consumers = stream.consumers();
+        while let Some(Ok(info)) = consumers.next().await {
+            // Durable consumers and the gateways' KV watches (push) stand; a pull
+            // consumer without a name is a sweep or listing in flight.
+            if info.config.durable_name.is_some() || info.config.deliver_subject.is_some() {
+                s.consumers += 1;
+            } else {
+                s.ephemeral += 1;
+            }
         }
     }
     let jobs = js.get_stream("KV_ojs-jobs").await.expect("the jobs stream");
@@ -120,17 +143,18 @@ async fn mixed_load_for_a_long_time_stays_flat() {
     let started = Instant::now();
     let watch = async {
         let mut samples = Vec::new();
-        println!("secs  rss_a_mb  rss_b_mb  consumers  jobs_stream  events_stream  timers_stream  publisher_lag  acked");
+        println!("secs  rss_a_mb  rss_b_mb  consumers  ephemeral  jobs_stream  events_stream  timers_stream  publisher_lag  acked");
         while started.elapsed() < length {
             tokio::time::sleep((length / 60).max(Duration::from_secs(5))).await;
             let acked = seen.lock().unwrap().acked.len();
             let s = sample(&js, &gateways, started.elapsed().as_secs(), acked).await;
             println!(
-                "{:>4}  {:>8.1}  {:>8.1}  {:>9}  {:>11}  {:>13}  {:>13}  {:>13}  {:>5}",
+                "{:>4}  {:>8.1}  {:>8.1}  {:>9}  {:>9}  {:>11}  {:>13}  {:>13}  {:>13}  {:>5}",
                 s.secs,
                 s.rss_mb[0],
                 s.rss_mb[1],
                 s.consumers,
+                s.ephemeral,
                 s.jobs_stream,
                 s.events_stream,
                 s.timers_stream,
@@ -173,6 +197,12 @@ async fn mixed_load_for_a_long_time_stays_flat() {
             );
         }
         assert_eq!(s.consumers, first.consumers, "consumers at {} s", s.secs);
+        assert!(
+            s.ephemeral <= MAX_EPHEMERAL,
+            "{} ephemeral consumers at {} s",
+            s.ephemeral,
+            s.secs
+        );
         for (what, now, then) in [
             ("jobs stream", s.jobs_stream, first.jobs_stream),
             ("events stream", s.events_stream, first.events_stream),

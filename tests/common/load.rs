@@ -11,14 +11,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures::future::join_all;
 use serde_json::{json, Value};
 
 use super::{Reply, TestApp};
 
-/// The reservation the gateways under this load give a fetched job (`visibility_timeout_ms`).
-/// A claim whose write timed out during an election but landed holds its job, with nobody
-/// working it, until this lapses (architecture §4, FETCH 4→6): well within the drain.
-pub const VISIBILITY_MS: u64 = 10_000;
+/// The reservation the gateways under this load give a fetched job (`visibility_timeout_ms`):
+/// longer than a FETCH and a settlement that each wait out a fault up to the request
+/// deadline (10 s), so no job lapses while it is worked. A claim whose write timed out
+/// during an election but landed holds its job, with nobody working it, until this lapses
+/// (architecture §4, FETCH 4→6): still well within the drain.
+pub const VISIBILITY_MS: u64 = 25_000;
 
 /// What the load saw: accepted jobs, claims, and every failed request.
 #[derive(Default)]
@@ -259,16 +262,25 @@ pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) 
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
-        for job in r.body["jobs"].as_array().unwrap() {
-            let id = job["id"].as_str().unwrap();
-            let attempt = job["attempt"].as_u64().unwrap();
-            seen.lock().unwrap().claimed(id, attempt);
-            let fails = job["args"][0].as_u64().unwrap_or(0) % 7 == 3 && attempt == 1;
-            let settled = settle(gateways, &mut turn, seen, id, fails).await;
-            if !fails && settled {
-                seen.lock().unwrap().acked.insert(id.to_owned());
-            }
-        }
+        // Each job of the batch is settled at once, as a worker with a slot per job would:
+        // its hold is then one FETCH and one settlement, however many others wait out a fault.
+        join_all(
+            r.body["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|job| async move {
+                    let id = job["id"].as_str().unwrap();
+                    let attempt = job["attempt"].as_u64().unwrap();
+                    seen.lock().unwrap().claimed(id, attempt);
+                    let fails = job["args"][0].as_u64().unwrap_or(0) % 7 == 3 && attempt == 1;
+                    let settled = settle(gateways, &mut { turn }, seen, id, fails).await;
+                    if !fails && settled {
+                        seen.lock().unwrap().acked.insert(id.to_owned());
+                    }
+                }),
+        )
+        .await;
     }
 }
 

@@ -1,7 +1,6 @@
-//! The leader's periodic services stepped one round at a time (`run_once`), by a test that
-//! holds the coordinator lease itself: the gateway beside it serves requests but never
-//! leads, so every round the test sees is one the test ran, with no service timer waited
-//! on.
+//! The leader's services stepped one round at a time (`run_once`), by a test that holds the
+//! coordinator lease itself: the gateway beside it serves requests but never leads, so every
+//! round the test sees is one the test ran, with no service timer waited on.
 
 use crate::common;
 
@@ -10,14 +9,15 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_jetstream::config::Config;
-use ojs_jetstream::coordinator::{CronScheduler, QueueBounds};
+use ojs_jetstream::coordinator::{CronScheduler, EventPublisher, Pulse, QueueBounds, Round};
 use ojs_jetstream::store::Store;
 use ojs_jetstream::telemetry::metrics::Metrics;
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
 
-/// A store of its own and the coordinator lease held by the test, then a gateway that
-/// therefore never leads while the test runs.
-async fn without_a_leader(nats_url: &str) -> (Store, TestApp) {
+/// A store of its own and the coordinator lease held by the test (its term), then a
+/// gateway that therefore never leads while the test runs.
+async fn without_a_leader(nats_url: &str) -> (Store, TestApp, u64) {
     let config = Config {
         // Longer than any test here: the lease is taken once and not renewed.
         lease_ttl_ms: 60_000,
@@ -25,9 +25,9 @@ async fn without_a_leader(nats_url: &str) -> (Store, TestApp) {
     };
     let store = Store::connect(&config).await.unwrap();
     let mut lease = store.leases().contender("coordinator", "the test");
-    assert!(lease.try_hold().await.is_some(), "the test holds the lease");
+    let term = lease.try_hold().await.expect("the test holds the lease");
     let app = spawn_app_with(config).await;
-    (store, app)
+    (store, app, term)
 }
 
 /// Every job `queue` holds now, claimed at once (no long poll).
@@ -45,7 +45,7 @@ async fn claim_all(app: &TestApp, queue: &str) -> Vec<Value> {
 #[tokio::test]
 async fn a_cron_round_fires_what_is_due_once_and_nothing_early() {
     let nats = NatsServer::start();
-    let (store, app) = without_a_leader(&nats.url).await;
+    let (store, app, _) = without_a_leader(&nats.url).await;
     let r = app
         .post(
             "/ojs/v1/cron",
@@ -81,7 +81,7 @@ async fn a_cron_round_fires_what_is_due_once_and_nothing_early() {
 #[tokio::test]
 async fn a_queue_bounds_round_announces_a_queue_past_its_warning_level_once() {
     let nats = NatsServer::start();
-    let (store, app) = without_a_leader(&nats.url).await;
+    let (store, app, _) = without_a_leader(&nats.url).await;
     let r = app
         .put(
             "/ojs/v1/admin/queues/bp/config",
@@ -125,4 +125,49 @@ async fn a_queue_bounds_round_announces_a_queue_past_its_warning_level_once() {
     // A crossing is announced once: another round says nothing new.
     bounds.run_once().await;
     assert_eq!(warnings().await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
+    let nats = NatsServer::start();
+    let (store, app, term) = without_a_leader(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "ev.t", "args": [1], "options": {"queue": "ev"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["job"]["id"].as_str().unwrap().to_owned();
+    let events = || async {
+        app.get("/ojs/v1/events?queues=ev").await.body["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(events().await.is_empty(), "no leader published it");
+
+    let mut publisher = EventPublisher::new(store.clone(), Metrics::new(), None, term);
+    let mut feed = publisher.open().await.unwrap();
+    let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
+    let round = tokio::time::timeout(
+        Duration::from_secs(5),
+        publisher.run_once(&mut feed, &cancel, &pulse),
+    )
+    .await
+    .expect("the write of the PUSH makes a round");
+    assert_eq!(round, Round::Handled);
+    let published = events().await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(published[0]["type"], "job.enqueued");
+    assert_eq!(published[0]["subject"], id.as_str());
+    // The round counted the write: the queue's statistics answer without waiting.
+    let stats = app.get("/ojs/v1/queues/ev/stats").await;
+    assert_eq!(stats.status, 200, "{}", stats.body);
+    assert_eq!(stats.body["stats"]["available"], 1, "{}", stats.body);
+
+    // The leadership ends: a waiting round says so instead of waiting on.
+    cancel.cancel();
+    let round = publisher.run_once(&mut feed, &cancel, &pulse).await;
+    assert_eq!(round, Round::Cancelled);
 }

@@ -18,6 +18,7 @@ use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
 use super::progress::Pulse;
 use super::unseen_writes::UnseenWrites;
 use crate::domain::backpressure;
+use crate::domain::error::OjsError;
 use crate::domain::event::{step_events, Event};
 use crate::domain::job::Step;
 use crate::domain::listing::IndexMove;
@@ -25,7 +26,7 @@ use crate::domain::spans::JobSpan;
 use crate::domain::stats::Change;
 use crate::domain::totals::Tally;
 use crate::domain::workflow;
-use crate::store::{ended_lock, JobWrite, Store};
+use crate::store::{ended_lock, JobWrite, JobWrites, Store};
 use crate::telemetry::logs;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
@@ -40,6 +41,27 @@ pub struct EventPublisher {
     spans: Option<SpanExporter>,
     /// The leadership it publishes for; it reads the writes through that term's consumer.
     term: u64,
+    /// The writes never delivered here, over every feed this publisher opens.
+    unseen: UnseenWrites,
+}
+
+/// The job-write feed of one opening, with what the publisher keeps between rounds.
+pub struct Feed {
+    writes: JobWrites,
+    watch: DeadlineWatch,
+    /// The last write of every batch not yet acknowledged, oldest first.
+    unacked: VecDeque<JobWrite>,
+}
+
+/// What a round of the publisher came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// A batch, or deadlines come due, handled.
+    Handled,
+    /// The feed ended (NATS closed the consumer); open another.
+    Closed,
+    /// The leadership ended.
+    Cancelled,
 }
 
 impl EventPublisher {
@@ -54,17 +76,17 @@ impl EventPublisher {
             metrics,
             spans,
             term,
+            unseen: UnseenWrites::default(),
         }
     }
 
     /// Works (`pulse`) from opening the feed until it is open, and from each batch, or each
     /// deadline come due, until it is handled and acknowledged; waiting for writes is idle.
-    pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        let mut unseen = UnseenWrites::default();
+    pub async fn run(mut self, cancel: CancellationToken, pulse: Pulse) {
         while !cancel.is_cancelled() {
             pulse.working();
-            let mut writes = match self.store.leader().job_writes(self.term).await {
-                Ok(w) => w,
+            let mut feed = match self.open().await {
+                Ok(feed) => feed,
                 Err(err) => {
                     warn!(error = %err, "event publisher cannot open the job-write feed");
                     tokio::select! {
@@ -73,88 +95,111 @@ impl EventPublisher {
                     }
                 }
             };
-            unseen.begins_after(writes.starts_after);
-            // Writes before the feed were counted by earlier leaderships, or never will be.
-            if let Err(err) = self.store.leader().mark_counted(writes.starts_after).await {
-                warn!(error = %err, "could not mark the writes before the feed counted");
-            }
-            let mut watch = DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout());
-            // The last write of every batch not yet acknowledged, oldest first.
-            let mut unacked: VecDeque<JobWrite> = VecDeque::new();
             pulse.idle();
             loop {
-                let arm_at = watch.next_arm_at();
-                let until_arm = arm_at.map_or(Duration::ZERO, |at| {
-                    (at - Utc::now()).to_std().unwrap_or(Duration::ZERO)
-                });
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    batch = writes.next_batch() => {
-                        pulse.working();
-                        let Some(batch) = batch else { break };
-                        self.store.failpoint("events.pulled").await;
-                        if !self.publish(&batch, &mut unseen, &cancel).await {
-                            return;
-                        }
-                        let now = Utc::now();
-                        for w in &batch {
-                            let observed = catch_unwind(AssertUnwindSafe(|| {
-                                watch.observe(&w.id, w.revision, w.record.as_ref(), now)
-                            }));
-                            if observed.is_err() {
-                                self.skip(w, "the deadline watch failed on it");
-                            }
-                        }
-                        unacked.extend(batch.into_iter().last().map(JobWrite::into_ack_only));
-                    }
-                    _ = tokio::time::sleep(until_arm), if arm_at.is_some() => {}
-                }
-                let due = watch.due(Utc::now());
-                let mut armed = true;
-                if !due.is_empty() {
-                    pulse.working();
-                    match self.store.leader().arm_deadlines(&due).await {
-                        Ok(()) => due.iter().for_each(|t| watch.armed(t)),
-                        Err(err) => {
-                            armed = false;
-                            warn!(error = %err, "storing deadline timers failed; retrying");
-                            tokio::select! {
-                                _ = cancel.cancelled() => return,
-                                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                            }
-                        }
-                    }
-                }
-                // Acknowledge up to just before the oldest write the watch still needs.
-                let pinned = watch.pinned_from();
-                let mut through = None;
-                while unacked
-                    .front()
-                    .is_some_and(|w| pinned.is_none_or(|p| w.revision < p))
-                {
-                    through = unacked.pop_front();
-                }
-                if let Some(w) = through {
-                    w.done_through().await;
-                    self.store.leader().announce_handled(w.revision).await;
-                }
-                if armed {
-                    pulse.idle();
+                match self.run_once(&mut feed, &cancel, &pulse).await {
+                    Round::Handled => {}
+                    Round::Closed => break,
+                    Round::Cancelled => return,
                 }
             }
         }
+    }
+
+    /// Opens the job-write feed of this leadership where the last one left off.
+    ///
+    /// # Errors
+    /// When NATS fails, or a later leadership has taken over.
+    pub async fn open(&mut self) -> Result<Feed, OjsError> {
+        let writes = self.store.leader().job_writes(self.term).await?;
+        self.unseen.begins_after(writes.starts_after);
+        // Writes before the feed were counted by earlier leaderships, or never will be.
+        if let Err(err) = self.store.leader().mark_counted(writes.starts_after).await {
+            warn!(error = %err, "could not mark the writes before the feed counted");
+        }
+        Ok(Feed {
+            writes,
+            watch: DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout()),
+            unacked: VecDeque::new(),
+        })
+    }
+
+    /// One round: waits for the next batch of writes or the next deadline to arm, handles
+    /// it (events, workflows, index, places, counts; deadline timers), then acknowledges
+    /// every batch the deadline watch no longer needs.
+    pub async fn run_once(
+        &mut self,
+        feed: &mut Feed,
+        cancel: &CancellationToken,
+        pulse: &Pulse,
+    ) -> Round {
+        let arm_at = feed.watch.next_arm_at();
+        let until_arm = arm_at.map_or(Duration::ZERO, |at| {
+            (at - Utc::now()).to_std().unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            _ = cancel.cancelled() => return Round::Cancelled,
+            batch = feed.writes.next_batch() => {
+                pulse.working();
+                let Some(batch) = batch else { return Round::Closed };
+                self.store.failpoint("events.pulled").await;
+                if !self.publish(&batch, cancel).await {
+                    return Round::Cancelled;
+                }
+                let now = Utc::now();
+                for w in &batch {
+                    let observed = catch_unwind(AssertUnwindSafe(|| {
+                        feed.watch.observe(&w.id, w.revision, w.record.as_ref(), now)
+                    }));
+                    if observed.is_err() {
+                        self.skip(w, "the deadline watch failed on it");
+                    }
+                }
+                feed.unacked.extend(batch.into_iter().last().map(JobWrite::into_ack_only));
+            }
+            _ = tokio::time::sleep(until_arm), if arm_at.is_some() => {}
+        }
+        let due = feed.watch.due(Utc::now());
+        let mut armed = true;
+        if !due.is_empty() {
+            pulse.working();
+            match self.store.leader().arm_deadlines(&due).await {
+                Ok(()) => due.iter().for_each(|t| feed.watch.armed(t)),
+                Err(err) => {
+                    armed = false;
+                    warn!(error = %err, "storing deadline timers failed; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Round::Cancelled,
+                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
+            }
+        }
+        // Acknowledge up to just before the oldest write the watch still needs.
+        let pinned = feed.watch.pinned_from();
+        let mut through = None;
+        while feed
+            .unacked
+            .front()
+            .is_some_and(|w| pinned.is_none_or(|p| w.revision < p))
+        {
+            through = feed.unacked.pop_front();
+        }
+        if let Some(w) = through {
+            w.done_through().await;
+            self.store.leader().announce_handled(w.revision).await;
+        }
+        if armed {
+            pulse.idle();
+        }
+        Round::Handled
     }
 
     /// Publishes the batch's events until they are stored; `false` when cancelled first.
     /// The same batch again until it is stored: later writes wait, so each job's events keep
     /// their order. Before a write's own events come those of the earlier writes of its job
     /// that this publisher never saw, from the write's trail.
-    async fn publish(
-        &self,
-        batch: &[JobWrite],
-        unseen: &mut UnseenWrites,
-        cancel: &CancellationToken,
-    ) -> bool {
+    async fn publish(&mut self, batch: &[JobWrite], cancel: &CancellationToken) -> bool {
         let source = self.store.events().source();
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
@@ -164,7 +209,7 @@ impl EventPublisher {
         let mut freed = Vec::new();
         let mut spans = Vec::new();
         for w in batch {
-            unseen.delivered(w.revision);
+            self.unseen.delivered(w.revision);
             if w.unreadable {
                 self.skip(w, "its record does not read as a job");
                 continue;
@@ -184,7 +229,7 @@ impl EventPublisher {
                 let steps: Vec<&Step> = rec
                     .trail
                     .iter()
-                    .filter(|step| unseen.take(step.revision))
+                    .filter(|step| self.unseen.take(step.revision))
                     .collect();
                 let recovered: Vec<Event> = steps
                     .iter()

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_jetstream::config::Config;
-use ojs_jetstream::coordinator::{CronScheduler, EventPublisher, Pulse, QueueBounds, Round};
+use ojs_jetstream::coordinator::{
+    CronScheduler, EventPublisher, Pulse, QueueBounds, Round, TimerScheduler,
+};
 use ojs_jetstream::store::Store;
 use ojs_jetstream::telemetry::metrics::Metrics;
 use serde_json::{json, Value};
@@ -170,4 +172,52 @@ async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
     cancel.cancel();
     let round = publisher.run_once(&mut feed, &cancel, &pulse).await;
     assert_eq!(round, Round::Cancelled);
+}
+
+#[tokio::test]
+async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
+    let nats = NatsServer::start();
+    let (store, app, _) = without_a_leader(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "later.t", "args": [1], "options": {"queue": "later", "scheduled_at": "+PT1S"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["job"]["state"], "scheduled");
+    let id = r.body["job"]["id"].as_str().unwrap().to_owned();
+
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new());
+    let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
+    let mut feed = scheduler.open(&cancel).await.unwrap();
+    // The first round takes the job's timer in and holds it: not due yet, nothing fired.
+    let round = tokio::time::timeout(
+        Duration::from_secs(5),
+        scheduler.run_once(&mut feed, &cancel, &pulse),
+    )
+    .await
+    .expect("the PUSH's timer is delivered");
+    assert_eq!(round, Round::Handled);
+    assert_eq!(
+        app.get(&format!("/ojs/v1/jobs/{id}")).await.body["job"]["state"],
+        "scheduled"
+    );
+    // Rounds until it is due and fired (each waits for the next thing to do, no longer).
+    let started = Instant::now();
+    while app.get(&format!("/ojs/v1/jobs/{id}")).await.body["job"]["state"] != "available" {
+        assert!(started.elapsed() < Duration::from_secs(5), "never fired");
+        let round = tokio::time::timeout(
+            Duration::from_millis(200),
+            scheduler.run_once(&mut feed, &cancel, &pulse),
+        )
+        .await;
+        assert!(round.is_err() || round == Ok(Round::Handled), "{round:?}");
+    }
+    assert_eq!(claim_all(&app, "later").await.len(), 1);
+    cancel.cancel();
+    assert_eq!(
+        scheduler.run_once(&mut feed, &cancel, &pulse).await,
+        Round::Cancelled
+    );
 }

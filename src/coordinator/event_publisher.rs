@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use super::deadline_watch::{DeadlineWatch, WATCH_HOLD};
-use super::progress::Pulse;
+use super::progress::{Pulse, Round};
 use super::unseen_writes::UnseenWrites;
 use crate::domain::backpressure;
 use crate::domain::error::OjsError;
@@ -51,17 +51,6 @@ pub struct Feed {
     watch: DeadlineWatch,
     /// The last write of every batch not yet acknowledged, oldest first.
     unacked: VecDeque<JobWrite>,
-}
-
-/// What a round of the publisher came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Round {
-    /// A batch, or deadlines come due, handled.
-    Handled,
-    /// The feed ended (NATS closed the consumer); open another.
-    Closed,
-    /// The leadership ended.
-    Cancelled,
 }
 
 impl EventPublisher {

@@ -9,6 +9,17 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::time::Instant;
 
+/// What a round of a stream-driven service (`run_once`) came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// Something delivered or come due was handled.
+    Handled,
+    /// The feed ended (NATS closed its consumer); open another.
+    Closed,
+    /// The leadership ended.
+    Cancelled,
+}
+
 /// A service's progress marks: it is `working` from when it takes up work it must finish
 /// until it is `idle` again. Waiting for work is idle, so a leader with nothing to do never
 /// stalls. Each mark is one atomic operation: cheap enough for every batch.

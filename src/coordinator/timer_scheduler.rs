@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::progress::Pulse;
-use crate::domain::error::ErrorCode;
+use super::progress::{Pulse, Round};
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::horizon::{self, Placement};
-use crate::store::{PendingTimer, ReadAhead, Store, Timer};
+use crate::store::{PendingTimer, ReadAhead, Store, Timer, TimerFeed};
 use crate::telemetry::metrics::Metrics;
 
 /// Timers fired (or handed back) at once; each is a few NATS round trips.
@@ -106,6 +106,29 @@ impl Held {
     }
 }
 
+/// The timer feed of one opening, with the timers held from it and the channels its
+/// spawned work reports back on.
+pub struct Feed {
+    feed: TimerFeed,
+    horizon: u64,
+    held: Held,
+    /// Firings and hand-backs under way at once.
+    permits: Arc<Semaphore>,
+    /// Reads ahead under way at once.
+    read_permits: Arc<Semaphore>,
+    /// Timers whose firing failed come back here to be tried again a second later.
+    retry_tx: UnboundedSender<PendingTimer>,
+    retries: UnboundedReceiver<PendingTimer>,
+    /// Timers fired, acknowledged `ACK_DELAY` later.
+    acks: UnboundedSender<(Instant, PendingTimer)>,
+    /// Timers the server did not take back: held after all, whatever their due time.
+    keep_tx: UnboundedSender<PendingTimer>,
+    kept: UnboundedReceiver<PendingTimer>,
+    /// Records read ahead, by timer sequence (`None`: nothing to keep).
+    ahead_tx: UnboundedSender<(u64, Option<ReadAhead>)>,
+    read: UnboundedReceiver<(u64, Option<ReadAhead>)>,
+}
+
 impl TimerScheduler {
     pub fn new(store: Store, metrics: Metrics) -> TimerScheduler {
         TimerScheduler { store, metrics }
@@ -116,7 +139,7 @@ impl TimerScheduler {
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
         while !cancel.is_cancelled() {
             pulse.working();
-            let mut feed = match self.store.leader().timer_feed().await {
+            let mut feed = match self.open(&cancel).await {
                 Ok(feed) => feed,
                 Err(err) => {
                     warn!(error = %err, "scheduler cannot open the timer feed");
@@ -126,106 +149,136 @@ impl TimerScheduler {
                     }
                 }
             };
-            let horizon = self.store.leader().timer_horizon_ms();
-            let mut held = Held::default();
-            let permits = Arc::new(Semaphore::new(CONCURRENCY));
-            let read_permits = Arc::new(Semaphore::new(READ_AHEAD_CONCURRENCY));
-            // Timers whose firing failed come back here to be tried again a second later.
-            let (retry_tx, mut retries) = tokio::sync::mpsc::unbounded_channel::<PendingTimer>();
-            let acks = self.acknowledge_later(cancel.clone());
-            // Timers the server did not take back: held after all, whatever their due time.
-            let (keep_tx, mut kept) = tokio::sync::mpsc::unbounded_channel::<PendingTimer>();
-            // Records read ahead, by timer sequence (`None`: nothing to keep).
-            let (ahead_tx, mut read) =
-                tokio::sync::mpsc::unbounded_channel::<(u64, Option<ReadAhead>)>();
             pulse.idle();
-            loop {
-                self.metrics.set_timers_held(held.timers.len());
-                let next_wake = held.heap.peek().map(|Reverse((at, _, _))| *at);
-                let wait = next_wake.map_or(Duration::from_secs(3600), |at| {
-                    Duration::from_millis((at - Utc::now().timestamp_millis()).max(0) as u64)
-                });
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    timer = feed.next() => {
-                        let Some(timer) = timer else { break };
-                        self.store.failpoint("scheduler.timer_received").await;
-                        if let Some(known) = held.timers.get_mut(&timer.sequence) {
-                            // Redelivered (AckWait) while held: one entry, the latest reply.
-                            known.redelivered(timer);
-                            continue;
-                        }
-                        let due = timer.timer.due.timestamp_millis();
-                        let now = Utc::now().timestamp_millis();
-                        match horizon::place(due, now, horizon) {
-                            Placement::Fire | Placement::Hold => held.hold(due, timer, now),
-                            Placement::HandBack(delay) => {
-                                pulse.working();
-                                let permit = permits.clone().acquire_owned().await.expect("semaphore open");
-                                pulse.idle();
-                                self.hand_back(timer, delay, keep_tx.clone(), permit);
-                            }
-                        }
-                    }
-                    Some(timer) = retries.recv() => {
-                        let now = Utc::now().timestamp_millis();
-                        held.hold(now + 1000, timer, now);
-                    }
-                    Some(timer) = kept.recv() => {
-                        if !held.timers.contains_key(&timer.sequence) {
-                            held.hold(timer.timer.due.timestamp_millis(), timer, Utc::now().timestamp_millis());
-                        }
-                    }
-                    Some((sequence, ahead)) = read.recv() => {
-                        held.reading -= 1;
-                        if let Some(ahead) = ahead {
-                            held.keep_ahead(sequence, ahead);
-                        }
-                    }
-                    _ = tokio::time::sleep(wait), if next_wake.is_some() => {
-                        let now = Utc::now().timestamp_millis();
-                        while let Some(Reverse((at, key, wake))) = held.heap.peek().copied() {
-                            if at > now {
-                                break;
-                            }
-                            held.heap.pop();
-                            if wake == Wake::ReadAhead {
-                                if let Some(timer) = held.timers.get(&key).filter(|_| held.may_read_ahead()) {
-                                    held.reading += 1;
-                                    self.read_ahead(timer.timer.clone(), key, ahead_tx.clone(), read_permits.clone());
-                                }
-                                continue;
-                            }
-                            let Some((timer, ahead)) = held.take(key) else { continue };
-                            let store = self.store.clone();
-                            let retry = retry_tx.clone();
-                            let ack = acks.clone();
-                            pulse.working();
-                            let permit = permits.clone().acquire_owned().await.expect("semaphore open");
-                            pulse.idle();
-                            tokio::spawn(async move {
-                                match store.leader().fire_timer(&timer, ahead).await {
-                                    Ok(_) => {
-                                        store.failpoint("scheduler.timer_fired").await;
-                                        let _ = ack.send((Instant::now(), timer));
-                                    }
-                                    // Its PUSH has not written the record yet.
-                                    Err(err) if err.code == ErrorCode::NotFound => {
-                                        let _ = retry.send(timer);
-                                    }
-                                    Err(err) => {
-                                        warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");
-                                        let _ = retry.send(timer);
-                                    }
-                                }
-                                drop(permit);
-                            });
-                        }
+            while self.run_once(&mut feed, &cancel, &pulse).await == Round::Handled {}
+        }
+        self.metrics.set_timers_held(0);
+    }
+
+    /// Opens the timer feed; the timers fired from it are acknowledged until `cancel`.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn open(&self, cancel: &CancellationToken) -> Result<Feed, OjsError> {
+        let feed = self.store.leader().timer_feed().await?;
+        let (retry_tx, retries) = tokio::sync::mpsc::unbounded_channel();
+        let (keep_tx, kept) = tokio::sync::mpsc::unbounded_channel();
+        let (ahead_tx, read) = tokio::sync::mpsc::unbounded_channel();
+        Ok(Feed {
+            feed,
+            horizon: self.store.leader().timer_horizon_ms(),
+            held: Held::default(),
+            permits: Arc::new(Semaphore::new(CONCURRENCY)),
+            read_permits: Arc::new(Semaphore::new(READ_AHEAD_CONCURRENCY)),
+            retry_tx,
+            retries,
+            acks: self.acknowledge_later(cancel.clone()),
+            keep_tx,
+            kept,
+            ahead_tx,
+            read,
+        })
+    }
+
+    /// One round: waits for the next thing to do — a timer delivered, a firing to retry, a
+    /// hand-back refused, a record read ahead, or the next held timer's time — and does it.
+    /// Firings run on in tasks of their own.
+    pub async fn run_once(&self, f: &mut Feed, cancel: &CancellationToken, pulse: &Pulse) -> Round {
+        self.metrics.set_timers_held(f.held.timers.len());
+        let next_wake = f.held.heap.peek().map(|Reverse((at, _, _))| *at);
+        let wait = next_wake.map_or(Duration::from_secs(3600), |at| {
+            Duration::from_millis((at - Utc::now().timestamp_millis()).max(0) as u64)
+        });
+        tokio::select! {
+            _ = cancel.cancelled() => return Round::Cancelled,
+            timer = f.feed.next() => {
+                let Some(timer) = timer else { return Round::Closed };
+                self.store.failpoint("scheduler.timer_received").await;
+                if let Some(known) = f.held.timers.get_mut(&timer.sequence) {
+                    // Redelivered (AckWait) while held: one entry, the latest reply.
+                    known.redelivered(timer);
+                    return Round::Handled;
+                }
+                let due = timer.timer.due.timestamp_millis();
+                let now = Utc::now().timestamp_millis();
+                match horizon::place(due, now, f.horizon) {
+                    Placement::Fire | Placement::Hold => f.held.hold(due, timer, now),
+                    Placement::HandBack(delay) => {
+                        pulse.working();
+                        let permit = f.permits.clone().acquire_owned().await.expect("semaphore open");
+                        pulse.idle();
+                        self.hand_back(timer, delay, f.keep_tx.clone(), permit);
                     }
                 }
             }
+            Some(timer) = f.retries.recv() => {
+                let now = Utc::now().timestamp_millis();
+                f.held.hold(now + 1000, timer, now);
+            }
+            Some(timer) = f.kept.recv() => {
+                if !f.held.timers.contains_key(&timer.sequence) {
+                    f.held.hold(timer.timer.due.timestamp_millis(), timer, Utc::now().timestamp_millis());
+                }
+            }
+            Some((sequence, ahead)) = f.read.recv() => {
+                f.held.reading -= 1;
+                if let Some(ahead) = ahead {
+                    f.held.keep_ahead(sequence, ahead);
+                }
+            }
+            _ = tokio::time::sleep(wait), if next_wake.is_some() => {
+                let now = Utc::now().timestamp_millis();
+                while let Some(Reverse((at, key, wake))) = f.held.heap.peek().copied() {
+                    if at > now {
+                        break;
+                    }
+                    f.held.heap.pop();
+                    if wake == Wake::ReadAhead {
+                        if let Some(timer) = f.held.timers.get(&key).filter(|_| f.held.may_read_ahead()) {
+                            f.held.reading += 1;
+                            self.read_ahead(timer.timer.clone(), key, f.ahead_tx.clone(), f.read_permits.clone());
+                        }
+                        continue;
+                    }
+                    let Some((timer, ahead)) = f.held.take(key) else { continue };
+                    pulse.working();
+                    let permit = f.permits.clone().acquire_owned().await.expect("semaphore open");
+                    pulse.idle();
+                    self.fire(timer, ahead, f.retry_tx.clone(), f.acks.clone(), permit);
+                }
+            }
         }
-        self.metrics.set_timers_held(0);
+        Round::Handled
+    }
+
+    /// Fires `timer` in a task of its own: acknowledged later once fired, tried again a
+    /// second later when it fails (its PUSH may not have written the record yet).
+    fn fire(
+        &self,
+        timer: PendingTimer,
+        ahead: Option<ReadAhead>,
+        retry: UnboundedSender<PendingTimer>,
+        ack: UnboundedSender<(Instant, PendingTimer)>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            match store.leader().fire_timer(&timer, ahead).await {
+                Ok(_) => {
+                    store.failpoint("scheduler.timer_fired").await;
+                    let _ = ack.send((Instant::now(), timer));
+                }
+                // Its PUSH has not written the record yet.
+                Err(err) if err.code == ErrorCode::NotFound => {
+                    let _ = retry.send(timer);
+                }
+                Err(err) => {
+                    warn!(job_id = %timer.timer.id, error = %err, "firing a timer failed; retrying");
+                    let _ = retry.send(timer);
+                }
+            }
+            drop(permit);
+        });
     }
 
     /// Acknowledges each timer sent to the returned channel `ACK_DELAY` after the instant

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::JsonObject;
-use super::respond::{job_id, respond};
+use super::respond::{job_id, respond, OneJob};
 use super::state::SharedState;
 use crate::domain::backpressure;
 use crate::domain::envelope;
@@ -48,7 +48,7 @@ pub async fn enqueue(
         }
     };
     let location = format!("/ojs/v1/jobs/{}", job.id);
-    let mut response = respond(StatusCode::CREATED, &json!({ "job": job }));
+    let mut response = respond(StatusCode::CREATED, &OneJob { job: &job });
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, v);
     }

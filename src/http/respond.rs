@@ -7,9 +7,23 @@ use serde::Serialize;
 
 use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
+use crate::domain::job::Job;
 
 /// The only response media type (HTTP binding §4.3).
 pub const OJS_MEDIA_TYPE: &str = "application/openjobspec+json";
+
+/// `{"job": …}`, serialized straight from the job: the hot paths answer without building a
+/// JSON tree first.
+#[derive(Serialize)]
+pub struct OneJob<'a> {
+    pub job: &'a Job,
+}
+
+/// `{"jobs": […]}`, as [`OneJob`].
+#[derive(Serialize)]
+pub struct SomeJobs<'a> {
+    pub jobs: &'a [Job],
+}
 
 /// A JSON response with the OJS media type.
 pub fn respond<T: Serialize>(status: StatusCode, body: &T) -> Response {

@@ -4,16 +4,20 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 use super::extract::JsonObject;
-use super::respond::respond;
+use super::respond::{respond, SomeJobs};
 use super::state::SharedState;
 use crate::domain::error::OjsError;
+use crate::domain::job::Job;
 use crate::domain::requests;
+use crate::domain::state::JobState;
 use crate::domain::time;
 use crate::store::{deadline, WorkerState};
 
@@ -40,7 +44,7 @@ pub async fn fetch(
     let jobs = tokio::spawn(task)
         .await
         .map_err(|e| OjsError::backend("The fetch task failed.").with_source(e))??;
-    Ok(respond(StatusCode::OK, &json!({ "jobs": jobs })))
+    Ok(respond(StatusCode::OK, &SomeJobs { jobs: &jobs }))
 }
 
 pub async fn ack(
@@ -53,18 +57,30 @@ pub async fn ack(
         .jobs()
         .ack(&req.job_id, req.worker_id.as_deref(), req.result)
         .await?;
-    let job = settled.after.job;
+    let job = &settled.after.job;
     Ok(respond(
         StatusCode::OK,
-        &json!({
-            "acknowledged": true,
-            "id": job.id,
-            "job_id": job.id,
-            "state": job.state,
-            "completed_at": job.completed_at.map(time::format),
-            "job": job,
-        }),
+        &Acked {
+            acknowledged: true,
+            id: &job.id,
+            job_id: &job.id,
+            state: job.state,
+            completed_at: job.completed_at,
+            job,
+        },
     ))
+}
+
+/// ACK's answer: the job's outcome at the top level (HTTP binding §10.2), and the job.
+#[derive(Serialize)]
+struct Acked<'a> {
+    acknowledged: bool,
+    id: &'a str,
+    job_id: &'a str,
+    state: JobState,
+    #[serde(with = "time::opt_millis")]
+    completed_at: Option<DateTime<Utc>>,
+    job: &'a Job,
 }
 
 /// FAIL; `requeue: true` puts the job straight back (conformance case

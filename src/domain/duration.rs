@@ -140,6 +140,7 @@ fn to_duration(ms: f64) -> Option<Duration> {
 
 /// Formats as ISO 8601 (`PT1S`, `PT0.5S`, `PT5M`, `PT1H30M`, `P1DT1H`), the form OJS responses use.
 pub fn format_iso(d: Duration) -> String {
+    use std::fmt::Write;
     let total_ms = d.as_millis();
     if total_ms == 0 {
         return "PT0S".to_string();
@@ -148,26 +149,27 @@ pub fn format_iso(d: Duration) -> String {
     let hours = total_ms % 86_400_000 / 3_600_000;
     let minutes = total_ms % 3_600_000 / 60_000;
     let ms = total_ms % 60_000;
-    let mut out = String::from("P");
+    // Written into one string: every retry policy in every record and response has three.
+    let mut out = String::with_capacity(16);
+    out.push('P');
     if days > 0 {
-        out.push_str(&format!("{days}D"));
+        let _ = write!(out, "{days}D");
     }
     if hours + minutes + ms > 0 {
         out.push('T');
         if hours > 0 {
-            out.push_str(&format!("{hours}H"));
+            let _ = write!(out, "{hours}H");
         }
         if minutes > 0 {
-            out.push_str(&format!("{minutes}M"));
+            let _ = write!(out, "{minutes}M");
         }
         if ms > 0 {
-            if ms % 1000 == 0 {
-                out.push_str(&format!("{}S", ms / 1000));
-            } else {
-                let s = format!("{}.{:03}", ms / 1000, ms % 1000);
-                out.push_str(s.trim_end_matches('0'));
-                out.push('S');
+            let _ = write!(out, "{}", ms / 1000);
+            if ms % 1000 != 0 {
+                let _ = write!(out, ".{:03}", ms % 1000);
+                out.truncate(out.trim_end_matches('0').len());
             }
+            out.push('S');
         }
     }
     out

@@ -230,8 +230,15 @@ impl Metrics {
             "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS" => method,
             _ => "other",
         };
+        // A status is three digits (`http::StatusCode`); written without allocating.
+        let digits = [
+            b'0' + (status / 100 % 10) as u8,
+            b'0' + (status / 10 % 10) as u8,
+            b'0' + (status % 10) as u8,
+        ];
+        let status = std::str::from_utf8(&digits).unwrap_or("000");
         self.requests
-            .with_label_values(&[method, route, &status.to_string()])
+            .with_label_values(&[method, route, status])
             .inc();
         self.durations
             .with_label_values(&[route])

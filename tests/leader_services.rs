@@ -7,23 +7,23 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use common::{eventually, spawn_app_with, test_config, NatsServer, TestApp};
+use common::{eventually, job_on, spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_jetstream::config::Config;
 use ojs_jetstream::coordinator::{
-    CronScheduler, EventPublisher, Pulse, QueueBounds, Round, TimerScheduler,
+    CronScheduler, EventPublisher, Pruner, Pulse, QueueBounds, Round, SlotSweeper, TimerScheduler,
 };
 use ojs_jetstream::store::Store;
 use ojs_jetstream::telemetry::metrics::Metrics;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-/// A store of its own and the coordinator lease held by the test (its term), then a
-/// gateway that therefore never leads while the test runs.
-async fn without_a_leader(nats_url: &str) -> (Store, TestApp, u64) {
+/// A store of its own on `config` and the coordinator lease held by the test (its term),
+/// then a gateway that therefore never leads while the test runs.
+async fn without_a_leader(config: Config) -> (Store, TestApp, u64) {
     let config = Config {
         // Longer than any test here: the lease is taken once and not renewed.
         lease_ttl_ms: 60_000,
-        ..test_config(nats_url)
+        ..config
     };
     let store = Store::connect(&config).await.unwrap();
     let mut lease = store.leases().contender("coordinator", "the test");
@@ -47,7 +47,7 @@ async fn claim_all(app: &TestApp, queue: &str) -> Vec<Value> {
 #[tokio::test]
 async fn a_cron_round_fires_what_is_due_once_and_nothing_early() {
     let nats = NatsServer::start();
-    let (store, app, _) = without_a_leader(&nats.url).await;
+    let (store, app, _) = without_a_leader(test_config(&nats.url)).await;
     let r = app
         .post(
             "/ojs/v1/cron",
@@ -83,7 +83,7 @@ async fn a_cron_round_fires_what_is_due_once_and_nothing_early() {
 #[tokio::test]
 async fn a_queue_bounds_round_announces_a_queue_past_its_warning_level_once() {
     let nats = NatsServer::start();
-    let (store, app, _) = without_a_leader(&nats.url).await;
+    let (store, app, _) = without_a_leader(test_config(&nats.url)).await;
     let r = app
         .put(
             "/ojs/v1/admin/queues/bp/config",
@@ -132,7 +132,7 @@ async fn a_queue_bounds_round_announces_a_queue_past_its_warning_level_once() {
 #[tokio::test]
 async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
     let nats = NatsServer::start();
-    let (store, app, term) = without_a_leader(&nats.url).await;
+    let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
     let r = app
         .post(
             "/ojs/v1/jobs",
@@ -177,7 +177,7 @@ async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
 #[tokio::test]
 async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     let nats = NatsServer::start();
-    let (store, app, _) = without_a_leader(&nats.url).await;
+    let (store, app, _) = without_a_leader(test_config(&nats.url)).await;
     let r = app
         .post(
             "/ojs/v1/jobs",
@@ -220,4 +220,120 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
         scheduler.run_once(&mut feed, &cancel, &pulse).await,
         Round::Cancelled
     );
+}
+
+#[tokio::test]
+async fn pruner_rounds_prune_a_finished_job_once_aged_and_only_behind_the_publisher() {
+    let nats = NatsServer::start();
+    let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
+    let finish = |queue: &'static str| {
+        let app = &app;
+        async move {
+            let id = app.enqueue(job_on(queue)).await;
+            assert_eq!(app.fetch(&[queue], "w").await.len(), 1);
+            let r = app.ack(json!({"job_id": id})).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            id
+        }
+    };
+    let exists = |id: String| {
+        let app = &app;
+        async move { app.get(&format!("/ojs/v1/jobs/{id}")).await.status == 200 }
+    };
+    let max_age = Duration::from_secs(2);
+    let mut pruner = Pruner::new(store.clone(), max_age, term);
+
+    // Aged, but no event of it is stored yet: a round keeps it.
+    let old = finish("pr-old").await;
+    tokio::time::sleep(max_age).await;
+    pruner.run_once().await;
+    assert!(
+        exists(old.clone()).await,
+        "pruned before its events were stored"
+    );
+
+    // Another job finishes; the publisher's rounds store the events of both.
+    let young = finish("pr-young").await;
+    let young_finished = Instant::now();
+    let mut publisher = EventPublisher::new(store.clone(), Metrics::new(), None, term);
+    let mut feed = publisher.open().await.unwrap();
+    let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
+    let started = Instant::now();
+    loop {
+        let _ = tokio::time::timeout(
+            Duration::from_millis(100),
+            publisher.run_once(&mut feed, &cancel, &pulse),
+        )
+        .await;
+        let events = app.get("/ojs/v1/events?queues=pr-old,pr-young").await.body["events"].clone();
+        if events.as_array().map_or(0, Vec::len) == 6 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{events}");
+    }
+
+    // Rounds prune the aged job and stop at the young one, asking to wait for it.
+    let mut rounds = 0;
+    let pause = loop {
+        rounds += 1;
+        assert!(rounds <= 10, "not pruned after {rounds} rounds");
+        let pause = pruner.run_once().await;
+        if !exists(old.clone()).await {
+            break pause;
+        }
+        tokio::time::sleep(pause.min(Duration::from_millis(100))).await;
+    };
+    assert!(
+        young_finished.elapsed() < max_age,
+        "the young job aged meanwhile"
+    );
+    assert!(exists(young.clone()).await, "pruned before it aged");
+    assert!(
+        pause > Duration::ZERO && pause <= max_age,
+        "{pause:?} until the young job is due"
+    );
+}
+
+#[tokio::test]
+async fn slot_sweeper_rounds_free_only_a_place_no_job_holds_once_past_the_grace() {
+    let nats = NatsServer::start();
+    let (store, app, _) = without_a_leader(Config {
+        // The grace is a FETCH's longest wait and two of these.
+        nats_timeout_ms: 1000,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let limited = json!({"type": "t.x", "args": [], "options": {"queue": "two", "rate_limit": {"concurrency": 2}}});
+    let (first, second) = (
+        app.enqueue(limited.clone()).await,
+        app.enqueue(limited).await,
+    );
+    // The running place of a claim that died before its record write, and a real claim.
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let orphan = json!({"id": "019539a4-0000-7000-8000-000000000000", "dispatch": 1});
+    js.publish("ojs.slot.two", orphan.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let taken = Instant::now();
+    let claimed = claim_all(&app, "two").await;
+    assert_eq!(claimed.len(), 1, "the orphan holds one of the two places");
+    assert_eq!(claimed[0]["id"], first.as_str());
+
+    let sweeper = SlotSweeper::new(store.clone());
+    // The test's store learns of the limit through its mirror of the queue registry.
+    eventually(Duration::from_secs(5), "the limit", || async {
+        store.leader().concurrency_limited_queues().first().cloned()
+    })
+    .await;
+    assert_eq!(sweeper.run_once().await, 0, "freed within the grace");
+    let grace = store.leader().slot_grace();
+    tokio::time::sleep(grace.saturating_sub(taken.elapsed())).await;
+    // Past the grace: the orphan's place is freed, the running job's is not.
+    assert_eq!(sweeper.run_once().await, 1);
+    assert_eq!(sweeper.run_once().await, 0);
+    let claimed = claim_all(&app, "two").await;
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0]["id"], second.as_str());
 }

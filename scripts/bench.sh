@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmark (docs/performance.md) against a fresh nats-server and a release-built
-# gateway, and BullMQ against a fresh redis-server, all started here and stopped again
-# afterwards:
+# gateway (BENCH_PROFILE=dev: the test build's gateway and benchmark, as built by
+# `cargo build --all-targets`, for a quick report such as CI's), and BullMQ against a fresh
+# redis-server, all started here and stopped again afterwards:
 #
 #   scripts/bench.sh [flags of examples/bench/, e.g. --scenarios memory]
 #
@@ -25,7 +26,11 @@ nats_port="${BENCH_NATS_PORT:-14222}"
 http_port="${BENCH_HTTP_PORT:-18080}"
 redis_port="${BENCH_REDIS_PORT:-16379}"
 bullmq="${BENCH_BULLMQ:-1}"
-release="${CARGO_TARGET_DIR:-target}/release"
+case "${BENCH_PROFILE:-release}" in
+    release) build=(--release) bin="${CARGO_TARGET_DIR:-target}/release" ;;
+    dev) build=() bin="${CARGO_TARGET_DIR:-target}/debug" ;;
+    *) echo "bench: BENCH_PROFILE is release or dev, not ${BENCH_PROFILE}" >&2; exit 1 ;;
+esac
 
 # apt_install PACKAGE...: Debian packages, through sudo when not root.
 apt_install() {
@@ -38,7 +43,7 @@ apt_install() {
     "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@" >&2
 }
 
-cargo build --release --bin ojs-jetstream --example bench >&2
+cargo build "${build[@]}" --bin ojs-jetstream --example bench >&2
 nats_bin="$(scripts/ensure-nats.sh | tail -n 1)"
 ports=("$nats_port" "$http_port")
 if [[ "$bullmq" != 0 ]]; then
@@ -79,7 +84,7 @@ wait_until nats-server "$nats_pid" "$work/nats.log" 10 port_open 127.0.0.1 "$nat
 
 # OJS_API_KEY set: the gateway asks for that key and the benchmark sends it (auth on).
 OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" \
-    OJS_API_KEYS="${OJS_API_KEY:-}" "$release/ojs-jetstream" serve >"$work/gateway.log" 2>&1 &
+    OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 wait_until gateway "$gateway_pid" "$work/gateway.log" 30 http_ok "http://127.0.0.1:$http_port/ojs/v1/health"
 
@@ -94,8 +99,8 @@ if [[ "$bullmq" != 0 ]]; then
     echo "bench: $(redis-server --version | cut -d ' ' -f 1-3), node $(node --version)" >&2
 fi
 
-echo "bench: $("$nats_bin" --version), $(nproc) cores, gateway pid $gateway_pid" >&2
-"$release/examples/bench" --url "http://127.0.0.1:$http_port" \
+echo "bench: $("$nats_bin" --version), $(nproc) cores, gateway pid $gateway_pid, ${BENCH_PROFILE:-release} build" >&2
+"$bin/examples/bench" --url "http://127.0.0.1:$http_port" \
     --nats "nats://127.0.0.1:$nats_port" --gateway-pid "$gateway_pid" --nats-pid "$nats_pid" \
     "${bullmq_flags[@]}" "$@"
 
@@ -103,18 +108,18 @@ if [[ -n "${BENCH_LEADER_DELAY_US:-}" ]]; then
     proxy_port=$((nats_port + 1))
     delayed_port=$((http_port + 1))
     stop_process "$gateway_pid"
-    "$release/examples/bench" --delay-proxy "127.0.0.1:$proxy_port" \
+    "$bin/examples/bench" --delay-proxy "127.0.0.1:$proxy_port" \
         --upstream "127.0.0.1:$nats_port" --delay-us "$BENCH_LEADER_DELAY_US" \
         >"$work/proxy.log" 2>&1 &
     proxy_pid=$!
     wait_until delay-proxy "$proxy_pid" "$work/proxy.log" 10 port_open 127.0.0.1 "$proxy_port"
     OJS_NATS_URL="nats://127.0.0.1:$proxy_port" OJS_LISTEN="127.0.0.1:$delayed_port" \
-        OJS_NAMESPACE=delayed OJS_API_KEYS="${OJS_API_KEY:-}" "$release/ojs-jetstream" serve \
+        OJS_NAMESPACE=delayed OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve \
         >"$work/delayed-gateway.log" 2>&1 &
     gateway_pid=$!
     wait_until gateway "$gateway_pid" "$work/delayed-gateway.log" 60 http_ok "http://127.0.0.1:$delayed_port/ojs/v1/health"
     echo "bench: the leader once more, NATS $BENCH_LEADER_DELAY_US µs away each way" >&2
-    "$release/examples/bench" --url "http://127.0.0.1:$delayed_port" \
+    "$bin/examples/bench" --url "http://127.0.0.1:$delayed_port" \
         --nats "nats://127.0.0.1:$nats_port" --namespace delayed \
         --gateway-pid "$gateway_pid" --nats-pid "$nats_pid" --scenarios leader
 fi

@@ -7,6 +7,7 @@
 //! (job totals for the metrics included) and the watch no longer needs it.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -33,6 +34,23 @@ use crate::telemetry::otlp::SpanExporter;
 
 /// Pause before publishing again what NATS refused.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// Runs `step` until it succeeds, `RETRY_PAUSE` after each failure (logged as `failed`):
+/// a batch's steps are repeated, never skipped. `false` when cancelled first.
+async fn until_done<F: Future<Output = Result<(), OjsError>>>(
+    cancel: &CancellationToken,
+    failed: &str,
+    mut step: impl FnMut() -> F,
+) -> bool {
+    while let Err(err) = step().await {
+        warn!(error = %err, "{failed}; retrying");
+        tokio::select! {
+            _ = cancel.cancelled() => return false,
+            _ = tokio::time::sleep(RETRY_PAUSE) => {}
+        }
+    }
+    true
+}
 
 pub struct EventPublisher {
     store: Store,
@@ -284,12 +302,12 @@ impl EventPublisher {
                 Err(_) => self.skip(w, "deriving its events failed"),
             }
         }
-        while let Err(err) = self.store.events().publish(&events).await {
-            warn!(error = %err, "publishing events failed; retrying");
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            }
+        if !until_done(cancel, "publishing events failed", || {
+            self.store.events().publish(&events)
+        })
+        .await
+        {
+            return false;
         }
         if self.store.log_job_transitions() {
             events.iter().for_each(logs::job_transition);
@@ -298,43 +316,40 @@ impl EventPublisher {
             exporter.export(spans);
         }
         // Workflows move on after the events of the writes that moved them.
-        while let Err(err) = self.store.leader().advance_workflows(&workflows).await {
-            warn!(error = %err, "moving workflows on failed; retrying");
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            }
+        if !until_done(cancel, "moving workflows on failed", || {
+            self.store.leader().advance_workflows(&workflows)
+        })
+        .await
+        {
+            return false;
         }
         // The index of finished jobs (architecture §3.26), before the batch is acknowledged.
-        while let Err(err) = self.store.leader().index_jobs(&indexed).await {
-            warn!(error = %err, "indexing jobs failed; retrying");
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            }
+        if !until_done(cancel, "indexing jobs failed", || {
+            self.store.leader().index_jobs(&indexed)
+        })
+        .await
+        {
+            return false;
         }
         // Places in bounded queues of the jobs that finished (architecture §3.27): before the
         // batch is acknowledged, so a crash repeats them and none is left taken.
-        while let Err(err) = self
-            .store
-            .queues()
-            .delete_depth_tokens(freed.iter().copied())
-            .await
+        if !until_done(cancel, "freeing places in bounded queues failed", || {
+            self.store
+                .queues()
+                .delete_depth_tokens(freed.iter().copied())
+        })
+        .await
         {
-            warn!(error = %err, "freeing places in bounded queues failed; retrying");
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            }
+            return false;
         }
         // The queue statistics, once the batch's events and workflows are done.
         let through = batch.last().map_or(0, |w| w.revision);
-        while let Err(err) = self.store.leader().count_writes(&counted, through).await {
-            warn!(error = %err, "counting job writes failed; retrying");
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY_PAUSE) => {}
-            }
+        if !until_done(cancel, "counting job writes failed", || {
+            self.store.leader().count_writes(&counted, through)
+        })
+        .await
+        {
+            return false;
         }
         // Best effort: a lock left behind is taken over by the next enqueue of its key.
         self.store.leader().release_unique_locks(&released).await;

@@ -323,32 +323,25 @@ impl EventPublisher {
         {
             return false;
         }
-        // The index of finished jobs (architecture §3.26), before the batch is acknowledged.
-        if !until_done(cancel, "indexing jobs failed", || {
-            self.store.leader().index_jobs(&indexed)
-        })
-        .await
-        {
-            return false;
-        }
-        // Places in bounded queues of the jobs that finished (architecture §3.27): before the
-        // batch is acknowledged, so a crash repeats them and none is left taken.
-        if !until_done(cancel, "freeing places in bounded queues failed", || {
-            self.store
-                .queues()
-                .delete_depth_tokens(freed.iter().copied())
-        })
-        .await
-        {
-            return false;
-        }
-        // The queue statistics, once the batch's events and workflows are done.
+        // Once the batch's events and workflows are done, and before the batch is
+        // acknowledged (a crash repeats each of them), side by side, as none needs another:
+        // the index of finished jobs (architecture §3.26), the places in bounded queues of the
+        // jobs that finished (§3.27), the queue statistics (§3.17).
         let through = batch.last().map_or(0, |w| w.revision);
-        if !until_done(cancel, "counting job writes failed", || {
-            self.store.leader().count_writes(&counted, through)
-        })
-        .await
-        {
+        let leader = self.store.leader();
+        let done = tokio::join!(
+            until_done(cancel, "indexing jobs failed", || leader
+                .index_jobs(&indexed)),
+            until_done(cancel, "freeing places in bounded queues failed", || {
+                self.store
+                    .queues()
+                    .delete_depth_tokens(freed.iter().copied())
+            }),
+            until_done(cancel, "counting job writes failed", || {
+                leader.count_writes(&counted, through)
+            }),
+        );
+        if done != (true, true, true) {
             return false;
         }
         // Best effort: a lock left behind is taken over by the next enqueue of its key.

@@ -192,6 +192,7 @@ pub(super) fn gave_up(what: &str, name: &str, last: Option<Refused>) -> OjsError
 
 /// A JSON entry as last written: `None` when never written, deleted or purged, with the
 /// revision its compare-and-set names.
+#[derive(Debug, Clone)]
 pub(super) struct Current<T> {
     pub(super) value: Option<T>,
     pub(super) revision: u64,
@@ -233,6 +234,27 @@ pub(super) async fn change<T, F>(
     key: &str,
     what: &str,
     name: &str,
+    change: F,
+) -> Result<Current<T>, OjsError>
+where
+    T: Serialize + DeserializeOwned,
+    F: FnMut(Option<&T>) -> Option<T>,
+{
+    change_from(kv, key, what, name, None, change).await
+}
+
+/// [`change`], its first round starting from `known` — the entry as this process last
+/// wrote it — instead of reading it: a writer that is usually the only one saves the read,
+/// and a stale `known` only costs a refused write and a round that reads.
+///
+/// # Errors
+/// As [`change`].
+pub(super) async fn change_from<T, F>(
+    kv: &kv::Store,
+    key: &str,
+    what: &str,
+    name: &str,
+    mut known: Option<Current<T>>,
     mut change: F,
 ) -> Result<Current<T>, OjsError>
 where
@@ -242,7 +264,10 @@ where
     let doing = format!("writing a {what}");
     let mut raced = None;
     for round in 0..MAX_CAS_ATTEMPTS {
-        let current = read::<T>(kv, key, Replica::after(raced.is_some()), what).await?;
+        let current = match known.take() {
+            Some(known) => known,
+            None => read::<T>(kv, key, Replica::after(raced.is_some()), what).await?,
+        };
         let Some(next) = change(current.value.as_ref()) else {
             return Ok(current);
         };

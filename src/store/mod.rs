@@ -242,6 +242,7 @@ impl Store {
             own: Arc::new(leader::Owned {
                 kv: coordinator_kv,
                 finished,
+                counts_written: Default::default(),
             }),
             jobs: jobs.clone(),
             queues: queues.clone(),

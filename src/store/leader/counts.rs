@@ -1,14 +1,14 @@
 //! The event publisher's counting of job writes into the queue statistics, and the
 //! cluster's totals the leader reports as metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::future::try_join_all;
 
 use super::Leader;
 use crate::domain::error::OjsError;
 use crate::domain::stats::{Change, QueueCounts};
-use crate::store::cas;
+use crate::store::cas::{self, Current};
 use crate::store::stats::{counts_key, Counted, COUNTED};
 
 /// What the job metrics report of the whole cluster (`telemetry/job_metrics.rs`).
@@ -22,6 +22,16 @@ pub struct ClusterTotals {
     pub unhandled_writes: u64,
     /// Timers stored and not yet fired.
     pub timers_pending: u64,
+}
+
+/// The statistics entries as this process last wrote them (at most one per queue), with
+/// their revisions: the next batch's compare-and-sets start from them instead of reading
+/// them back. Another writer (an admin reset, a leader before or after this one) makes one
+/// stale, which costs a refused write and a round that reads.
+#[derive(Default)]
+pub(in crate::store) struct Written {
+    queues: HashMap<String, Current<QueueCounts>>,
+    mark: Option<Current<Counted>>,
 }
 
 impl Leader {
@@ -60,12 +70,14 @@ impl Leader {
         through: u64,
     ) -> Result<(), OjsError> {
         let kv = &self.stats.own.kv;
-        try_join_all(changes.iter().map(|(queue, changes)| async move {
-            cas::change(
+        let written = try_join_all(changes.iter().map(|(queue, changes)| async move {
+            let known = self.written().queues.get(queue).cloned();
+            let current = cas::change_from(
                 kv,
                 &counts_key(queue),
                 "queue count",
                 queue,
+                known,
                 move |current: Option<&QueueCounts>| {
                     let mut counts = current.cloned().unwrap_or_default();
                     if counts.through >= through {
@@ -78,10 +90,19 @@ impl Leader {
                     Some(counts)
                 },
             )
-            .await
+            .await?;
+            Ok::<_, OjsError>((queue.clone(), current))
         }))
         .await?;
+        self.written().queues.extend(written);
         self.mark_counted(through).await
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+        self.own
+            .counts_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks every job write up to `through` counted (the mark never goes back). The
@@ -92,16 +113,19 @@ impl Leader {
     /// # Errors
     /// When NATS fails.
     pub async fn mark_counted(&self, through: u64) -> Result<(), OjsError> {
-        cas::change(
+        let known = self.written().mark.clone();
+        let current = cas::change_from(
             &self.stats.own.kv,
             COUNTED,
             "counting mark",
             COUNTED,
+            known,
             |current: Option<&Counted>| {
                 (current.is_none_or(|c| c.through < through)).then_some(Counted { through })
             },
         )
         .await?;
+        self.written().mark = Some(current);
         Ok(())
     }
 }

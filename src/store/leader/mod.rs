@@ -50,6 +50,8 @@ pub(super) struct Owned {
     pub(super) kv: kv::Store,
     /// The leader's index of completed, cancelled and pending jobs (`finished_index.rs`).
     pub(super) finished: FinishedIndex,
+    /// The statistics entries this process last wrote as leader (`counts.rs`).
+    pub(super) counts_written: std::sync::Mutex<counts::Written>,
 }
 
 impl Leader {

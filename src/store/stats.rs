@@ -4,6 +4,7 @@
 //! stored when it asked, so the counts are exact for the client that just wrote
 //! (`queue_counts`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::cas::{self, Replica};
+use super::cas::{self, Current, Replica};
 use super::dead_letter::entries::Entries;
 use super::error::backend;
 use super::queues::registry::QueueMeta;
@@ -62,6 +63,17 @@ pub struct QueueStats {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub(super) struct Counted {
     pub(super) through: u64,
+}
+
+/// The statistics entries as this process last wrote them as leader (at most one per
+/// queue), with their revisions: the next batch's compare-and-sets start from them instead
+/// of reading them back (`leader/counts.rs`). Another writer (an admin reset, a leader
+/// before or after this one) makes one stale, which costs a refused write and a round that
+/// reads.
+#[derive(Default)]
+pub(super) struct CountsWritten {
+    pub(super) queues: HashMap<String, Current<QueueCounts>>,
+    pub(super) mark: Option<Current<Counted>>,
 }
 
 pub(super) fn counts_key(queue: &str) -> String {

@@ -1,15 +1,15 @@
 //! The event publisher's counting of job writes into the queue statistics, and the
 //! cluster's totals the leader reports as metrics.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use futures::future::try_join_all;
 
 use super::Leader;
 use crate::domain::error::OjsError;
 use crate::domain::stats::{Change, QueueCounts};
-use crate::store::cas::{self, Current};
-use crate::store::stats::{counts_key, Counted, COUNTED};
+use crate::store::cas;
+use crate::store::stats::{counts_key, Counted, CountsWritten, COUNTED};
 
 /// What the job metrics report of the whole cluster (`telemetry/job_metrics.rs`).
 #[derive(Debug, Clone, Default)]
@@ -22,16 +22,6 @@ pub struct ClusterTotals {
     pub unhandled_writes: u64,
     /// Timers stored and not yet fired.
     pub timers_pending: u64,
-}
-
-/// The statistics entries as this process last wrote them (at most one per queue), with
-/// their revisions: the next batch's compare-and-sets start from them instead of reading
-/// them back. Another writer (an admin reset, a leader before or after this one) makes one
-/// stale, which costs a refused write and a round that reads.
-#[derive(Default)]
-pub(in crate::store) struct Written {
-    queues: HashMap<String, Current<QueueCounts>>,
-    mark: Option<Current<Counted>>,
 }
 
 impl Leader {
@@ -98,7 +88,7 @@ impl Leader {
         self.mark_counted(through).await
     }
 
-    fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+    fn written(&self) -> std::sync::MutexGuard<'_, CountsWritten> {
         self.own
             .counts_written
             .lock()

@@ -23,7 +23,7 @@ use crate::store::cron::Cron;
 use crate::store::events::Events;
 use crate::store::jobs::Jobs;
 use crate::store::queues::Queues;
-use crate::store::stats::Stats;
+use crate::store::stats::{CountsWritten, Stats};
 use crate::store::timers::Timers;
 use crate::store::workers::Workers;
 use crate::store::workflows::Workflows;
@@ -51,7 +51,7 @@ pub(super) struct Owned {
     /// The leader's index of completed, cancelled and pending jobs (`finished_index.rs`).
     pub(super) finished: FinishedIndex,
     /// The statistics entries this process last wrote as leader (`counts.rs`).
-    pub(super) counts_written: std::sync::Mutex<counts::Written>,
+    pub(super) counts_written: std::sync::Mutex<CountsWritten>,
 }
 
 impl Leader {

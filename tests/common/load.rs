@@ -270,11 +270,13 @@ pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) 
                 .unwrap()
                 .iter()
                 .map(|job| async move {
+                    // Its own turn through the gateways when a settlement is retried.
+                    let mut turn = turn;
                     let id = job["id"].as_str().unwrap();
                     let attempt = job["attempt"].as_u64().unwrap();
                     seen.lock().unwrap().claimed(id, attempt);
                     let fails = job["args"][0].as_u64().unwrap_or(0) % 7 == 3 && attempt == 1;
-                    let settled = settle(gateways, &mut { turn }, seen, id, fails).await;
+                    let settled = settle(gateways, &mut turn, seen, id, fails).await;
                     if !fails && settled {
                         seen.lock().unwrap().acked.insert(id.to_owned());
                     }

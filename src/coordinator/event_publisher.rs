@@ -67,8 +67,58 @@ pub struct EventPublisher {
 pub struct Feed {
     writes: JobWrites,
     watch: DeadlineWatch,
+    /// A batch whose events went out during the previous batch's bookkeeping; its own
+    /// bookkeeping comes first in the next round.
+    ahead: Option<Published>,
     /// The last write of every batch not yet acknowledged, oldest first.
     unacked: VecDeque<JobWrite>,
+}
+
+/// A batch whose events are stored and whose workflows moved on: its bookkeeping comes
+/// next, then its acknowledgement.
+struct Published {
+    books: Books,
+    /// The batch's last write (ack only): acknowledging it acknowledges the batch.
+    last: Option<JobWrite>,
+}
+
+/// A batch's bookkeeping, done after its events and before its acknowledgement.
+struct Books {
+    /// Moves in the index of finished jobs (architecture §3.26).
+    indexed: Vec<IndexMove>,
+    /// The places in bounded queues of the jobs that finished (§3.27): queue and token.
+    freed: Vec<(String, u64)>,
+    /// The queue statistics' changes (§3.17), per queue.
+    counted: BTreeMap<String, Vec<Change>>,
+    /// The revision of the batch's last write: the statistics' mark.
+    through: u64,
+    /// The unique locks of the jobs that ended: key and job id.
+    released: Vec<(String, String)>,
+}
+
+/// Keeps a batch's books: the index of finished jobs, the places in bounded queues and the
+/// queue statistics side by side, as none needs another, each until done (a crash before
+/// the acknowledgement repeats each); then, best effort, the unique locks (one left behind
+/// is taken over by the next enqueue of its key). `false` when cancelled first.
+async fn keep_books(store: &Store, cancel: &CancellationToken, books: Books) -> bool {
+    let leader = store.leader();
+    let done = tokio::join!(
+        until_done(cancel, "indexing jobs failed", || leader
+            .index_jobs(&books.indexed)),
+        until_done(cancel, "freeing places in bounded queues failed", || {
+            store
+                .queues()
+                .delete_depth_tokens(books.freed.iter().map(|(q, seq)| (q.as_str(), *seq)))
+        }),
+        until_done(cancel, "counting job writes failed", || {
+            leader.count_writes(&books.counted, books.through)
+        }),
+    );
+    if done != (true, true, true) {
+        return false;
+    }
+    leader.release_unique_locks(&books.released).await;
+    true
 }
 
 impl EventPublisher {
@@ -127,13 +177,16 @@ impl EventPublisher {
         Ok(Feed {
             writes,
             watch: DeadlineWatch::new(WATCH_HOLD, self.store.execution_timeout()),
+            ahead: None,
             unacked: VecDeque::new(),
         })
     }
 
-    /// One round: waits for the next batch of writes or the next deadline to arm, handles
-    /// it (events, workflows, index, places, counts; deadline timers), then acknowledges
-    /// every batch the deadline watch no longer needs.
+    /// One round: takes the batch published ahead, or waits for the next batch of writes
+    /// (published: events, workflows) or the next deadline to arm; keeps the batch's books
+    /// (index, places, counts), publishing the next batch meanwhile if it comes first; arms
+    /// the deadlines come due (timers); then acknowledges every batch whose books are kept
+    /// and the deadline watch no longer needs. Each step takes the batches in order.
     pub async fn run_once(
         &mut self,
         feed: &mut Feed,
@@ -144,27 +197,49 @@ impl EventPublisher {
         let until_arm = arm_at.map_or(Duration::ZERO, |at| {
             (at - Utc::now()).to_std().unwrap_or(Duration::ZERO)
         });
-        tokio::select! {
-            _ = cancel.cancelled() => return Round::Cancelled,
-            batch = feed.writes.next_batch() => {
-                pulse.working();
-                let Some(batch) = batch else { return Round::Closed };
-                self.store.failpoint("events.pulled").await;
-                if !self.publish(&batch, cancel).await {
-                    return Round::Cancelled;
-                }
-                let now = Utc::now();
-                for w in &batch {
-                    let observed = catch_unwind(AssertUnwindSafe(|| {
-                        feed.watch.observe(&w.id, w.revision, w.record.as_ref(), now)
-                    }));
-                    if observed.is_err() {
-                        self.skip(w, "the deadline watch failed on it");
+        let published = match feed.ahead.take() {
+            Some(published) => Some(published),
+            None => tokio::select! {
+                _ = cancel.cancelled() => return Round::Cancelled,
+                batch = feed.writes.next_batch() => {
+                    pulse.working();
+                    let Some(batch) = batch else { return Round::Closed };
+                    match self.publish(batch, &mut feed.watch, cancel).await {
+                        Some(published) => {
+                            pulse.progressed();
+                            Some(published)
+                        }
+                        None => return Round::Cancelled,
                     }
                 }
-                feed.unacked.extend(batch.into_iter().last().map(JobWrite::into_ack_only));
+                _ = tokio::time::sleep(until_arm), if arm_at.is_some() => None,
+            },
+        };
+        let mut closed = false;
+        if let Some(Published { books, last }) = published {
+            let store = self.store.clone();
+            let kept = keep_books(&store, cancel, books);
+            tokio::pin!(kept);
+            let kept = tokio::select! {
+                biased;
+                kept = &mut kept => kept,
+                batch = feed.writes.next_batch() => match batch {
+                    Some(batch) => {
+                        let (kept, ahead) =
+                            tokio::join!(&mut kept, self.publish(batch, &mut feed.watch, cancel));
+                        feed.ahead = ahead;
+                        kept && feed.ahead.is_some()
+                    }
+                    None => {
+                        closed = true;
+                        (&mut kept).await
+                    }
+                },
+            };
+            if !kept {
+                return Round::Cancelled;
             }
-            _ = tokio::time::sleep(until_arm), if arm_at.is_some() => {}
+            feed.unacked.extend(last);
         }
         let due = feed.watch.due(Utc::now());
         let mut armed = true;
@@ -196,17 +271,31 @@ impl EventPublisher {
             w.done_through().await;
             self.store.leader().announce_handled(w.revision).await;
         }
+        if closed {
+            return Round::Closed;
+        }
         if armed {
-            pulse.idle();
+            match feed.ahead {
+                // Its books are left: they count from here.
+                Some(_) => pulse.progressed(),
+                None => pulse.idle(),
+            }
         }
         Round::Handled
     }
 
-    /// Publishes the batch's events until they are stored; `false` when cancelled first.
-    /// The same batch again until it is stored: later writes wait, so each job's events keep
-    /// their order. Before a write's own events come those of the earlier writes of its job
-    /// that this publisher never saw, from the write's trail.
-    async fn publish(&mut self, batch: &[JobWrite], cancel: &CancellationToken) -> bool {
+    /// Publishes the batch's events until they are stored, moves on the workflows of its
+    /// writes and shows them to the deadline watch; `None` when cancelled first. The same
+    /// batch again until it is stored: later writes wait, so each job's events keep their
+    /// order. Before a write's own events come those of the earlier writes of its job that
+    /// this publisher never saw, from the write's trail.
+    async fn publish(
+        &mut self,
+        batch: Vec<JobWrite>,
+        watch: &mut DeadlineWatch,
+        cancel: &CancellationToken,
+    ) -> Option<Published> {
+        self.store.failpoint("events.pulled").await;
         let source = self.store.events().source();
         let mut events: Vec<Event> = Vec::new();
         let mut workflows = Vec::new();
@@ -215,7 +304,7 @@ impl EventPublisher {
         let mut released = Vec::new();
         let mut freed = Vec::new();
         let mut spans = Vec::new();
-        for w in batch {
+        for w in &batch {
             self.unseen.delivered(w.revision);
             if w.unreadable {
                 self.skip(w, "its record does not read as a job");
@@ -296,7 +385,7 @@ impl EventPublisher {
                         .extend(changes);
                     released.extend(ended_lock(rec));
                     freed.extend(
-                        backpressure::ended_token(rec).map(|seq| (rec.job.queue.as_str(), seq)),
+                        backpressure::ended_token(rec).map(|seq| (rec.job.queue.clone(), seq)),
                     );
                 }
                 Err(_) => self.skip(w, "deriving its events failed"),
@@ -307,7 +396,7 @@ impl EventPublisher {
         })
         .await
         {
-            return false;
+            return None;
         }
         if self.store.log_job_transitions() {
             events.iter().for_each(logs::job_transition);
@@ -321,32 +410,28 @@ impl EventPublisher {
         })
         .await
         {
-            return false;
+            return None;
         }
-        // Once the batch's events and workflows are done, and before the batch is
-        // acknowledged (a crash repeats each of them), side by side, as none needs another:
-        // the index of finished jobs (architecture §3.26), the places in bounded queues of the
-        // jobs that finished (§3.27), the queue statistics (§3.17).
-        let through = batch.last().map_or(0, |w| w.revision);
-        let leader = self.store.leader();
-        let done = tokio::join!(
-            until_done(cancel, "indexing jobs failed", || leader
-                .index_jobs(&indexed)),
-            until_done(cancel, "freeing places in bounded queues failed", || {
-                self.store
-                    .queues()
-                    .delete_depth_tokens(freed.iter().copied())
-            }),
-            until_done(cancel, "counting job writes failed", || {
-                leader.count_writes(&counted, through)
-            }),
-        );
-        if done != (true, true, true) {
-            return false;
+        let now = Utc::now();
+        for w in &batch {
+            let observed = catch_unwind(AssertUnwindSafe(|| {
+                watch.observe(&w.id, w.revision, w.record.as_ref(), now)
+            }));
+            if observed.is_err() {
+                self.skip(w, "the deadline watch failed on it");
+            }
         }
-        // Best effort: a lock left behind is taken over by the next enqueue of its key.
-        self.store.leader().release_unique_locks(&released).await;
-        true
+        let last = batch.into_iter().last().map(JobWrite::into_ack_only);
+        Some(Published {
+            books: Books {
+                indexed,
+                freed,
+                counted,
+                through: last.as_ref().map_or(0, |w| w.revision),
+                released,
+            },
+            last,
+        })
     }
 
     /// A write that cannot be processed is logged, counted and passed over: held back, it

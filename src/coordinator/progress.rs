@@ -45,16 +45,25 @@ impl Pulse {
     /// Work begins, unless unfinished work already had: a piece of work retried keeps the
     /// instant it began.
     pub fn working(&self) {
-        let now = self.0.origin.elapsed().as_millis() as u64 + 1;
         let _ = self
             .0
             .since
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(0, self.now(), Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The work is done, or there is none.
     pub fn idle(&self) {
         self.0.since.store(0, Ordering::Relaxed);
+    }
+
+    /// Part of the work is done and more is under way: what is left counts from now.
+    pub fn progressed(&self) {
+        self.0.since.store(self.now(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds after the origin, plus one: never the idle mark.
+    fn now(&self) -> u64 {
+        self.0.origin.elapsed().as_millis() as u64 + 1
     }
 
     /// How long the unfinished work has gone on; `None` while idle.

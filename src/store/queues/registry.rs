@@ -381,6 +381,9 @@ impl QueueRegistry {
 
     /// Makes sure the queue's stream and the consumer for `priority` exist and that the
     /// registry lists the priority, before any message with that priority is published.
+    /// A queue listing any priority has its stream (made sure of before the first one was
+    /// listed; streams are never removed), so a new lane of it asks NATS's meta leader only
+    /// for the consumer.
     pub async fn ensure(
         &self,
         queue: &str,
@@ -388,21 +391,25 @@ impl QueueRegistry {
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
         let key = encode_queue(queue);
-        if self
-            .inner
-            .queues
-            .get(&key)
+        let known = self.inner.queues.get(&key);
+        if known
+            .as_ref()
             .is_some_and(|m| m.priorities.contains(&priority))
         {
             return Ok(());
         }
         let reg = &self.inner;
-        let stream = crate::store::connection::ensure_stream(
-            &reg.js,
-            reg.topology.queue_stream_config(queue),
-        )
-        .await?;
+        let config = reg.topology.queue_stream_config(queue);
+        let name = config.name.clone();
+        if !known.is_some_and(|m| !m.priorities.is_empty()) {
+            crate::store::connection::ensure_stream(&reg.js, config).await?;
+        }
         let doing = "creating a priority consumer";
+        let stream = reg
+            .js
+            .get_stream_no_info(&name)
+            .await
+            .map_err(backend(doing))?;
         let consumer = Topology::priority_consumer(priority);
         let _: PullConsumer = answered(doing, || {
             stream.get_or_create_consumer(

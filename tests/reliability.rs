@@ -10,7 +10,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use common::{
     dead_letter_a_job, eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer,
 };
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
@@ -374,19 +374,30 @@ async fn lane_consumer(nats: &NatsServer, queue: &str) -> PullConsumer {
 }
 
 /// A job delivered to a gateway that died before claiming it can be fetched again after
-/// AckWait; a changed `ack_wait_ms` reaches a queue made under the old one.
+/// AckWait; a changed `ack_wait_ms` reaches a queue made under the old one. A PUSH makes
+/// no consumer (that needs NATS's meta leader); the lane's first FETCH does.
 #[tokio::test]
 async fn a_delivery_stranded_by_a_dead_gateway_comes_back_after_ack_wait() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     app.enqueue(job_on("stranded")).await;
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let names: Vec<String> = js
+        .get_stream("ojs-q-stranded")
+        .await
+        .unwrap()
+        .consumer_names()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(names.is_empty(), "{names:?}");
+    assert_eq!(app.fetch(&["stranded"], "w").await.len(), 1);
     let mut consumer = lane_consumer(&nats, "stranded").await;
     assert_eq!(
         consumer.info().await.unwrap().config.ack_wait,
         Duration::from_secs(60),
         "the default"
     );
-    assert_eq!(app.fetch(&["stranded"], "w").await.len(), 1);
     app.stop().await;
 
     let app = spawn_app_with(Config {

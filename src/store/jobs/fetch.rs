@@ -23,6 +23,7 @@ use crate::domain::state::JobState;
 use crate::store::cas::{pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use crate::store::deadline;
 use crate::store::queues::puller::Puller;
+use crate::store::queues::registry::LANE_RETRY;
 
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
@@ -224,7 +225,12 @@ impl Jobs {
             let limits = meta.limits();
             'lanes: for priority in meta.priorities {
                 let puller = match self.queues.own.registry.puller(queue, priority).await {
-                    Ok(puller) => puller,
+                    Ok(Some(puller)) => puller,
+                    // Its jobs wait in the stream; the lane is looked at again soon.
+                    Ok(None) => {
+                        recheck = Some(recheck.map_or(LANE_RETRY, |r| r.min(LANE_RETRY)));
+                        continue;
+                    }
                     Err(err) => {
                         got.failure.get_or_insert(err);
                         return (lanes, recheck);

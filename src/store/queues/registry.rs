@@ -20,16 +20,23 @@ use crate::domain::lanes::{self, LaneLimits};
 use crate::domain::rate_limit::{Limits, RateLimit};
 use crate::domain::time;
 use crate::store::cas::{self, Replica};
-use crate::store::deadline::answered;
+use crate::store::deadline::{self, answered};
 use crate::store::error::backend;
 use crate::store::mirror::Mirror;
 use crate::store::topology::{encode_queue, Topology};
+
+/// How long a FETCH waits for a new lane's consumer before it passes the lane over (and
+/// looks again after [`LANE_RETRY`]): an election of NATS's meta leader can outlast it.
+pub const LANE_PATIENCE: Duration = Duration::from_secs(2);
+/// When a FETCH that passed a lane over looks at it again.
+pub const LANE_RETRY: Duration = Duration::from_millis(500);
 
 /// A queue's entry in the queues bucket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueMeta {
     pub name: String,
-    /// Priorities with a consumer, highest first.
+    /// Priorities in use, highest first: each a lane whose consumer the first FETCH of it
+    /// makes.
     pub priorities: Vec<i32>,
     #[serde(default)]
     pub paused: bool,
@@ -379,11 +386,12 @@ impl QueueRegistry {
         Ok((meta, written.revision))
     }
 
-    /// Makes sure the queue's stream and the consumer for `priority` exist and that the
-    /// registry lists the priority, before any message with that priority is published.
-    /// A queue listing any priority has its stream (made sure of before the first one was
-    /// listed; streams are never removed), so a new lane of it asks NATS's meta leader only
-    /// for the consumer.
+    /// Makes sure the queue's stream exists and that the registry lists `priority`, before
+    /// any message with that priority is published. A queue listing any priority has its
+    /// stream (made sure of before the first one was listed; streams are never removed). The
+    /// lane's consumer is made by the first FETCH of it ([`Self::puller`]): the work-queue
+    /// stream keeps a message until a consumer acknowledges it, so a PUSH never waits for
+    /// NATS's meta leader to create one.
     pub async fn ensure(
         &self,
         queue: &str,
@@ -398,28 +406,10 @@ impl QueueRegistry {
         {
             return Ok(());
         }
-        let reg = &self.inner;
-        let config = reg.topology.queue_stream_config(queue);
-        let name = config.name.clone();
-        if !known.is_some_and(|m| !m.priorities.is_empty()) {
-            crate::store::connection::ensure_stream(&reg.js, config).await?;
+        if known.is_none_or(|m| m.priorities.is_empty()) {
+            let config = self.inner.topology.queue_stream_config(queue);
+            crate::store::connection::ensure_stream(&self.inner.js, config).await?;
         }
-        let doing = "creating a priority consumer";
-        let stream = reg
-            .js
-            .get_stream_no_info(&name)
-            .await
-            .map_err(backend(doing))?;
-        let consumer = Topology::priority_consumer(priority);
-        let _: PullConsumer = answered(doing, || {
-            stream.get_or_create_consumer(
-                &consumer,
-                reg.topology.priority_consumer_config(queue, priority),
-            )
-        })
-        .await?
-        .said
-        .map_err(backend(doing))?;
         self.change_entry(queue, now, |meta| {
             if meta.priorities.contains(&priority) {
                 return false; // another replica registered it meanwhile
@@ -432,10 +422,12 @@ impl QueueRegistry {
         .map(drop)
     }
 
-    /// The pull loop of one priority of a queue, started on first use; loops idle for
-    /// `idle_puller_ms` are dropped on the way. The lock is not held while NATS is asked
-    /// anything, so a slow start of one lane never holds up FETCHes of the others.
-    pub async fn puller(&self, queue: &str, priority: i32) -> Result<Puller, OjsError> {
+    /// The pull loop of one priority of a queue, started on first use, with the lane's
+    /// consumer ([`Self::open_lane`]); loops idle for `idle_puller_ms` are dropped on the
+    /// way. The lock is not held while NATS is asked anything, so a slow start of one lane
+    /// never holds up FETCHes of the others. `None` while the lane cannot be opened: its
+    /// jobs wait in the stream for a later FETCH.
+    pub async fn puller(&self, queue: &str, priority: i32) -> Result<Option<Puller>, OjsError> {
         let key = (queue.to_owned(), priority);
         {
             let mut pullers = self.inner.pullers.lock().await;
@@ -446,10 +438,12 @@ impl QueueRegistry {
                 .store(pullers.lanes.len(), Ordering::Relaxed);
             if let Some((p, used)) = pullers.lanes.get_mut(&key) {
                 *used = now;
-                return Ok(p.clone());
+                return Ok(Some(p.clone()));
             }
         }
-        self.align_ack_wait(queue, priority).await;
+        if !self.open_lane(queue, priority).await {
+            return Ok(None);
+        }
         let started = Puller::start(
             self.inner.js.clone(),
             &self.inner.topology.queue_stream(queue),
@@ -467,7 +461,7 @@ impl QueueRegistry {
         self.inner
             .pullers_open
             .store(pullers.lanes.len(), Ordering::Relaxed);
-        Ok(puller)
+        Ok(Some(puller))
     }
 
     /// How many pull loops this gateway keeps open.
@@ -475,30 +469,44 @@ impl QueueRegistry {
         self.inner.pullers_open.load(Ordering::Relaxed)
     }
 
-    /// Gives a priority consumer made under another `ack_wait_ms` the current one, so a
-    /// changed setting reaches existing queues (architecture §2). Best effort: the consumer
-    /// works either way.
-    async fn align_ack_wait(&self, queue: &str, priority: i32) {
+    /// Opens the lane's consumer, creating it if no FETCH did before, within
+    /// [`LANE_PATIENCE`] (creating one needs NATS's meta leader, which a cluster may be
+    /// electing); `false`, logged, when NATS did not make it by then. A consumer made under
+    /// another `ack_wait_ms` gets the current one, so a changed setting reaches existing
+    /// queues (architecture §2); best effort: the consumer works either way.
+    async fn open_lane(&self, queue: &str, priority: i32) -> bool {
         let reg = &self.inner;
-        let stream = reg.topology.queue_stream(queue);
+        let stream_name = reg.topology.queue_stream(queue);
         let config = reg.topology.priority_consumer_config(queue, priority);
         let name = Topology::priority_consumer(priority);
-        let updated = match reg
-            .js
-            .get_consumer_from_stream::<pull::Config, _, _>(&name, &stream)
-            .await
-        {
-            Ok(c) if c.cached_info().config.ack_wait == config.ack_wait => return,
-            Ok(_) => reg
+        let doing = "opening a queue lane";
+        let patience = deadline::current().min(tokio::time::Instant::now() + LANE_PATIENCE);
+        let opened = deadline::within(patience, async {
+            let stream = reg
                 .js
-                .create_consumer_on_stream(config, &stream)
+                .get_stream_no_info(&stream_name)
                 .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+                .map_err(backend(doing))?;
+            answered(doing, || {
+                stream.get_or_create_consumer::<pull::Config>(&name, config.clone())
+            })
+            .await?
+            .said
+            .map_err(backend(doing))
+        })
+        .await;
+        let consumer: PullConsumer = match opened {
+            Ok(consumer) => consumer,
+            Err(err) => {
+                warn!(queue, priority, error = %err, "a queue lane cannot be opened yet; its jobs wait in the stream");
+                return false;
+            }
         };
-        if let Err(error) = updated {
-            warn!(queue, priority, %error, "could not align a priority consumer's ack wait");
+        if consumer.cached_info().config.ack_wait != config.ack_wait {
+            if let Err(error) = reg.js.create_consumer_on_stream(config, &stream_name).await {
+                warn!(queue, priority, %error, "could not align a priority consumer's ack wait");
+            }
         }
+        true
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::{eventually, job_on, spawn_app_with, test_config, NatsServer, TestApp};
+use futures::StreamExt;
 use ojs_jetstream::config::Config;
 use ojs_jetstream::coordinator::{
     CronScheduler, EventPublisher, Pruner, Pulse, QueueBounds, Round, SlotSweeper, TimerScheduler,
@@ -219,6 +220,66 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     assert_eq!(
         scheduler.run_once(&mut feed, &cancel, &pulse).await,
         Round::Cancelled
+    );
+}
+
+/// A timer delivered to a scheduler that stopped without firing it (a leader stepping down
+/// holding it, or a pull request of its feed that outlived it and met the consumer its
+/// successor made) is delivered again to whoever reads the timer consumer after the
+/// consumer's AckWait — twice the horizon plus 5 s — not after a day.
+#[tokio::test]
+async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack_wait() {
+    let nats = NatsServer::start();
+    let horizon = Duration::from_millis(1000);
+    let (store, app, _) = without_a_leader(Config {
+        timer_horizon_ms: horizon.as_millis() as u64,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new());
+    let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
+    let mut feed = scheduler.open(&cancel).await.unwrap();
+    let r = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "held.t", "args": [], "options": {"queue": "held", "scheduled_at": "+PT1S"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = r.body["job"]["id"].as_str().unwrap().to_owned();
+    // The scheduler takes the timer in and holds it, then stops before it is due.
+    let round = tokio::time::timeout(
+        Duration::from_secs(5),
+        scheduler.run_once(&mut feed, &cancel, &pulse),
+    )
+    .await
+    .expect("the PUSH's timer is delivered");
+    assert_eq!(round, Round::Handled);
+    let delivered = Instant::now();
+    drop(feed);
+    drop(scheduler);
+
+    // A reader of the same consumer, as the successor's feed is, gets it again.
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_consumer_from_stream("scheduler", "ojs-timers")
+        .await
+        .unwrap();
+    let ack_wait = 2 * horizon + Duration::from_secs(5);
+    let mut again = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(ack_wait + Duration::from_secs(5))
+        .messages()
+        .await
+        .unwrap();
+    let msg = again.next().await.expect("delivered again").unwrap();
+    let timer: Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(timer["id"], id.as_str());
+    assert!(
+        delivered.elapsed() < ack_wait + Duration::from_secs(2),
+        "after {:?}",
+        delivered.elapsed()
     );
 }
 

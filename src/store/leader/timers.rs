@@ -41,6 +41,16 @@ impl ReadAhead {
     }
 }
 
+/// How long a delivered timer waits for its acknowledgement before NATS delivers it again:
+/// twice the horizon (a timer is held at most until it is due, within the horizon) plus
+/// 5 s. A timer delivered to a leader that stopped without firing it (its pull outlived its
+/// leadership and met the consumer its successor recreated by the same name) so comes back
+/// within minutes; a redelivery to the leader that holds it only renews its reply subject
+/// (`PendingTimer::redelivered`), and one of a timer firing meanwhile fires as a no-op.
+pub fn timer_ack_wait(horizon_ms: u64) -> Duration {
+    Duration::from_millis(2 * horizon_ms) + Duration::from_secs(5)
+}
+
 /// A timer read from the feed; acknowledge it once fired.
 ///
 /// Keeps a copy of the delivery's reply subject rather than the message: a received payload
@@ -139,7 +149,7 @@ impl Leader {
             .map_err(backend("opening the timers stream"))?;
         // Only a consumer known gone may be created again: were the delete lost (a NATS
         // election), the create would return the old consumer, whose timers the previous
-        // leader holds unacknowledged for its 24 h AckWait.
+        // leader holds unacknowledged until its AckWait.
         match stream.delete_consumer(&t.scheduler_consumer()).await {
             Ok(_) => {}
             Err(err) if consumer_missing(&err) => {}
@@ -150,8 +160,7 @@ impl Leader {
                 durable_name: Some(t.scheduler_consumer()),
                 ack_policy: AckPolicy::Explicit,
                 deliver_policy: DeliverPolicy::All,
-                // Held until fired; a new leader recreates the consumer instead of waiting.
-                ack_wait: Duration::from_secs(24 * 3600),
+                ack_wait: timer_ack_wait(self.conn.timer_horizon_ms),
                 max_ack_pending: MAX_ACK_PENDING,
                 num_replicas: t.replicas,
                 ..Default::default()

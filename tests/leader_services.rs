@@ -178,7 +178,7 @@ async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
 #[tokio::test]
 async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     let nats = NatsServer::start();
-    let (store, app, _) = without_a_leader(test_config(&nats.url)).await;
+    let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
     let r = app
         .post(
             "/ojs/v1/jobs",
@@ -189,7 +189,7 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     assert_eq!(r.body["job"]["state"], "scheduled");
     let id = r.body["job"]["id"].as_str().unwrap().to_owned();
 
-    let scheduler = TimerScheduler::new(store.clone(), Metrics::new());
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
     // The first round takes the job's timer in and holds it: not due yet, nothing fired.
@@ -223,6 +223,46 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     );
 }
 
+/// Each leadership reads the timers through a consumer of its own term. A later one's
+/// opening removes the earlier one's: a pull the earlier feed still has open cannot take a
+/// timer from its successor, and the earlier leadership can open no feed again (the
+/// timers stream, a work queue, allows one consumer).
+#[tokio::test]
+async fn timer_feeds_are_fenced_by_the_leadership_term() {
+    let nats = NatsServer::start();
+    let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
+    let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
+    let earlier = TimerScheduler::new(store.clone(), Metrics::new(), term);
+    let mut earlier_feed = earlier.open(&cancel).await.unwrap();
+    let later = TimerScheduler::new(store.clone(), Metrics::new(), term + 1);
+    let mut later_feed = later.open(&cancel).await.unwrap();
+    assert!(
+        earlier.open(&cancel).await.is_err(),
+        "an earlier leadership opened its feed again"
+    );
+
+    let r = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "fenced.t", "args": [], "options": {"queue": "fenced", "scheduled_at": "+PT1S"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let round = tokio::time::timeout(
+        Duration::from_secs(5),
+        later.run_once(&mut later_feed, &cancel, &pulse),
+    )
+    .await
+    .expect("the later leadership gets the timer");
+    assert_eq!(round, Round::Handled);
+    let stale = tokio::time::timeout(
+        Duration::from_secs(2),
+        earlier.run_once(&mut earlier_feed, &cancel, &pulse),
+    )
+    .await;
+    assert!(stale.is_err() || stale == Ok(Round::Closed), "{stale:?}");
+}
+
 /// A timer delivered to a scheduler that stopped without firing it (a leader stepping down
 /// holding it, or a pull request of its feed that outlived it and met the consumer its
 /// successor made) is delivered again to whoever reads the timer consumer after the
@@ -231,12 +271,12 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
 async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack_wait() {
     let nats = NatsServer::start();
     let horizon = Duration::from_millis(1000);
-    let (store, app, _) = without_a_leader(Config {
+    let (store, app, term) = without_a_leader(Config {
         timer_horizon_ms: horizon.as_millis() as u64,
         ..test_config(&nats.url)
     })
     .await;
-    let scheduler = TimerScheduler::new(store.clone(), Metrics::new());
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
     let r = app
@@ -262,7 +302,7 @@ async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack
     // A reader of the same consumer, as the successor's feed is, gets it again.
     let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
     let consumer: async_nats::jetstream::consumer::PullConsumer = js
-        .get_consumer_from_stream("scheduler", "ojs-timers")
+        .get_consumer_from_stream(format!("scheduler-{term}"), "ojs-timers")
         .await
         .unwrap();
     let ack_wait = 2 * horizon + Duration::from_secs(5);

@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, consumer::pull, AckKind};
 use bytes::Bytes;
 use chrono::Utc;
 use common::{eventually, spawn_app, spawn_app_with, test_config, ts, NatsServer};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ojs_jetstream::config::Config;
 use serde_json::json;
 
@@ -162,11 +162,17 @@ async fn a_redelivered_timer_is_held_once() {
     let client = async_nats::connect(nats.url.as_str()).await.unwrap();
     let js = jetstream::new(client);
     let stream = js.get_stream("ojs-timers").await.unwrap();
-    let mut config = stream.consumer_info("scheduler").await.unwrap().config;
+    // The leadership's consumer, `scheduler-<term>`: the only one.
+    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+    let [name] = &names[..] else {
+        panic!("one timer consumer: {names:?}")
+    };
+    assert!(name.starts_with("scheduler-"), "{name}");
+    let mut config = stream.consumer_info(name).await.unwrap().config;
     config.ack_wait = Duration::from_secs(1);
     stream.update_consumer(config).await.unwrap();
     eventually(Duration::from_secs(5), "redeliveries", || async {
-        let info = stream.consumer_info("scheduler").await.unwrap();
+        let info = stream.consumer_info(name).await.unwrap();
         (info.delivered.consumer_sequence >= 3).then_some(())
     })
     .await;

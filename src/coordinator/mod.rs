@@ -162,7 +162,7 @@ impl Coordinator {
             .run(token.clone(), pulse)
         });
         l.spawn("scheduler", |pulse| {
-            TimerScheduler::new(store.clone(), self.metrics.clone()).run(token.clone(), pulse)
+            TimerScheduler::new(store.clone(), self.metrics.clone(), term).run(token.clone(), pulse)
         });
         l.spawn("cron", |pulse| {
             CronScheduler::new(store.clone()).run(token.clone(), pulse)

@@ -44,6 +44,8 @@ const MAX_READ_AHEAD_BYTES: usize = 64 << 20;
 pub struct TimerScheduler {
     store: Store,
     metrics: Metrics,
+    /// The leadership it fires for; it reads the timers through that term's consumer.
+    term: u64,
 }
 
 /// What the heap wakes the scheduler for.
@@ -130,8 +132,12 @@ pub struct Feed {
 }
 
 impl TimerScheduler {
-    pub fn new(store: Store, metrics: Metrics) -> TimerScheduler {
-        TimerScheduler { store, metrics }
+    pub fn new(store: Store, metrics: Metrics, term: u64) -> TimerScheduler {
+        TimerScheduler {
+            store,
+            metrics,
+            term,
+        }
     }
 
     /// Works (`pulse`) while opening its feed and while waiting for a slot to fire or hand
@@ -160,7 +166,7 @@ impl TimerScheduler {
     /// # Errors
     /// When NATS fails.
     pub async fn open(&self, cancel: &CancellationToken) -> Result<Feed, OjsError> {
-        let feed = self.store.leader().timer_feed().await?;
+        let feed = self.store.leader().timer_feed(self.term).await?;
         let (retry_tx, retries) = tokio::sync::mpsc::unbounded_channel();
         let (keep_tx, kept) = tokio::sync::mpsc::unbounded_channel();
         let (ahead_tx, read) = tokio::sync::mpsc::unbounded_channel();

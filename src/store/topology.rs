@@ -11,6 +11,8 @@ use crate::domain::state::JobState;
 
 /// Name (and name prefix) of the event publisher's consumers on the jobs stream.
 const EVENT_PUBLISHER: &str = "event-publisher";
+/// Prefix of the timer scheduler's consumers, one per leadership.
+const SCHEDULER: &str = "scheduler";
 /// How long the events stream drops a republished event (one with a known id).
 const EVENT_DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
@@ -169,9 +171,15 @@ impl Topology {
         format!("{}.timers", self.namespace)
     }
 
-    /// The leader's consumer of the timers stream.
-    pub fn scheduler_consumer(&self) -> String {
-        "scheduler".to_string()
+    /// The timer scheduler's consumer of the timers stream for the leadership `term`.
+    pub fn scheduler_consumer(term: u64) -> String {
+        format!("{SCHEDULER}-{term}")
+    }
+
+    /// The term of a timer-scheduler consumer, from its name; 0 for the single consumer of
+    /// earlier versions.
+    pub fn scheduler_term(name: &str) -> Option<u64> {
+        term_of(SCHEDULER, name)
     }
 
     pub fn timers_stream_config(&self) -> stream::Config {
@@ -324,10 +332,7 @@ impl Topology {
     /// The term of an event-publisher consumer, from its name; 0 for the single consumer
     /// of earlier versions.
     pub fn event_publisher_term(name: &str) -> Option<u64> {
-        match name.strip_prefix(EVENT_PUBLISHER)? {
-            "" => Some(0),
-            rest => rest.strip_prefix('-')?.parse().ok(),
-        }
+        term_of(EVENT_PUBLISHER, name)
     }
 
     /// A key-value bucket's backing stream, created directly: async-nats'
@@ -417,6 +422,15 @@ impl Topology {
     }
 }
 
+/// The term in the name of a consumer made per leadership (`<prefix>-<term>`); 0 for the
+/// unnumbered `<prefix>` of earlier versions; `None` for other names.
+fn term_of(prefix: &str, name: &str) -> Option<u64> {
+    match name.strip_prefix(prefix)? {
+        "" => Some(0),
+        rest => rest.strip_prefix('-')?.parse().ok(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,6 +496,16 @@ mod tests {
             "p1",
         ] {
             assert_eq!(Topology::event_publisher_term(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn scheduler_consumers_are_named_by_term() {
+        assert_eq!(Topology::scheduler_consumer(7), "scheduler-7");
+        assert_eq!(Topology::scheduler_term("scheduler-7"), Some(7));
+        assert_eq!(Topology::scheduler_term("scheduler"), Some(0));
+        for other in ["schedulerx", "scheduler-", "event-publisher-7"] {
+            assert_eq!(Topology::scheduler_term(other), None, "{other}");
         }
     }
 }

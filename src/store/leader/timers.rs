@@ -20,6 +20,7 @@ use crate::store::cas::{self, Replica};
 use crate::store::error::{backend, consumer_missing, nats_failed};
 use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
 use crate::store::timers::{Timer, TimerKind};
+use crate::store::topology::Topology;
 
 /// The scheduler consumer's bound on unacknowledged timers; `max_pending_timers` stays
 /// below it (`config::MAX_PENDING_TIMERS_LIMIT`).
@@ -134,12 +135,16 @@ impl Leader {
         self.conn.all_stored(sent).await
     }
 
-    /// Opens the timer feed from the start: the consumer is recreated, so every timer not
-    /// yet acknowledged — including ones a previous leader held — is delivered again.
+    /// Opens the timer feed of the leadership `term` from the start. Its consumer
+    /// (`scheduler-<term>`) is made once every consumer of it and of earlier leaderships is
+    /// gone, so every timer not yet acknowledged — including those an earlier leader held —
+    /// is delivered again, and a pull request an earlier leader's feed still has open meets
+    /// no consumer. The timers stream is a work queue, which allows one consumer: while a
+    /// later leadership's exists, this one refuses to go on, and could not make its own.
     ///
     /// # Errors
-    /// When the consumer cannot be created.
-    pub async fn timer_feed(&self) -> Result<TimerFeed, OjsError> {
+    /// When NATS fails, or a later leadership fires the timers.
+    pub async fn timer_feed(&self, term: u64) -> Result<TimerFeed, OjsError> {
         let t = &self.conn.topology;
         let stream = self
             .conn
@@ -147,17 +152,34 @@ impl Leader {
             .get_stream(t.timers_stream())
             .await
             .map_err(backend("opening the timers stream"))?;
-        // Only a consumer known gone may be created again: were the delete lost (a NATS
-        // election), the create would return the old consumer, whose timers the previous
-        // leader holds unacknowledged until its AckWait.
-        match stream.delete_consumer(&t.scheduler_consumer()).await {
-            Ok(_) => {}
-            Err(err) if consumer_missing(&err) => {}
-            Err(err) => return Err(nats_failed("removing the old timer consumer", err)),
+        let mut gone = Vec::new();
+        let mut names = stream.consumer_names();
+        while let Some(name) = names.next().await {
+            let name = name.map_err(backend("listing the timer consumers"))?;
+            match Topology::scheduler_term(&name) {
+                Some(t) if t > term => {
+                    return Err(OjsError::backend(
+                        "A later leadership fires the timers; this one stands down.",
+                    ))
+                }
+                Some(_) => gone.push(name),
+                None => {}
+            }
+        }
+        // Only once each is known gone is the consumer created: were a delete lost (a NATS
+        // election), the create would fail beside the old consumer, or (the same name)
+        // return it, whose timers the previous leader holds unacknowledged until its
+        // AckWait.
+        for name in gone {
+            match stream.delete_consumer(&name).await {
+                Ok(_) => {}
+                Err(err) if consumer_missing(&err) => {}
+                Err(err) => return Err(nats_failed("removing an earlier timer consumer", err)),
+            }
         }
         let consumer: PullConsumer = stream
             .create_consumer(pull::Config {
-                durable_name: Some(t.scheduler_consumer()),
+                durable_name: Some(Topology::scheduler_consumer(term)),
                 ack_policy: AckPolicy::Explicit,
                 deliver_policy: DeliverPolicy::All,
                 ack_wait: timer_ack_wait(self.conn.timer_horizon_ms),

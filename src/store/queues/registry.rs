@@ -11,7 +11,7 @@ use async_nats::jetstream::consumer::{pull, PullConsumer};
 use async_nats::jetstream::{self, kv};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::puller::Puller;
 use crate::domain::backpressure::Bound;
@@ -471,7 +471,8 @@ impl QueueRegistry {
 
     /// Opens the lane's consumer, creating it if no FETCH did before, within
     /// [`LANE_PATIENCE`] (creating one needs NATS's meta leader, which a cluster may be
-    /// electing); `false`, logged, when NATS did not make it by then. A consumer made under
+    /// electing); `false` when NATS did not make it by then (logged at debug: every FETCH
+    /// of the lane meets it until the election ends). A consumer made under
     /// another `ack_wait_ms` gets the current one, so a changed setting reaches existing
     /// queues (architecture §2); best effort: the consumer works either way.
     async fn open_lane(&self, queue: &str, priority: i32) -> bool {
@@ -498,7 +499,7 @@ impl QueueRegistry {
         let consumer: PullConsumer = match opened {
             Ok(consumer) => consumer,
             Err(err) => {
-                warn!(queue, priority, error = %err, "a queue lane cannot be opened yet; its jobs wait in the stream");
+                debug!(queue, priority, error = %err, "a queue lane cannot be opened yet; its jobs wait in the stream");
                 return false;
             }
         };

@@ -33,6 +33,19 @@ async fn without_a_leader(config: Config) -> (Store, TestApp, u64) {
     (store, app, term)
 }
 
+/// PUSHes a job on `queue` scheduled a second ahead (its promote timer); its id.
+async fn enqueue_due_in_a_second(app: &TestApp, queue: &str) -> String {
+    let r = app
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "later.t", "args": [1], "options": {"queue": queue, "scheduled_at": "+PT1S"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["job"]["state"], "scheduled");
+    r.body["job"]["id"].as_str().unwrap().to_owned()
+}
+
 /// Every job `queue` holds now, claimed at once (no long poll).
 async fn claim_all(app: &TestApp, queue: &str) -> Vec<Value> {
     let r = app
@@ -179,15 +192,7 @@ async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
 async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     let nats = NatsServer::start();
     let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
-    let r = app
-        .post(
-            "/ojs/v1/jobs",
-            json!({"type": "later.t", "args": [1], "options": {"queue": "later", "scheduled_at": "+PT1S"}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(r.body["job"]["state"], "scheduled");
-    let id = r.body["job"]["id"].as_str().unwrap().to_owned();
+    let id = enqueue_due_in_a_second(&app, "later").await;
 
     let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
@@ -241,13 +246,7 @@ async fn timer_feeds_are_fenced_by_the_leadership_term() {
         "an earlier leadership opened its feed again"
     );
 
-    let r = app
-        .post(
-            "/ojs/v1/jobs",
-            json!({"type": "fenced.t", "args": [], "options": {"queue": "fenced", "scheduled_at": "+PT1S"}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.body);
+    enqueue_due_in_a_second(&app, "fenced").await;
     let round = tokio::time::timeout(
         Duration::from_secs(5),
         later.run_once(&mut later_feed, &cancel, &pulse),
@@ -279,14 +278,7 @@ async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack
     let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
-    let r = app
-        .post(
-            "/ojs/v1/jobs",
-            json!({"type": "held.t", "args": [], "options": {"queue": "held", "scheduled_at": "+PT1S"}}),
-        )
-        .await;
-    assert_eq!(r.status, 201, "{}", r.body);
-    let id = r.body["job"]["id"].as_str().unwrap().to_owned();
+    let id = enqueue_due_in_a_second(&app, "held").await;
     // The scheduler takes the timer in and holds it, then stops before it is due.
     let round = tokio::time::timeout(
         Duration::from_secs(5),

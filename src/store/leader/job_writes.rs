@@ -7,7 +7,7 @@ use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use futures::StreamExt;
 use tracing::warn;
 
-use super::Leader;
+use super::{taken_over, Leader};
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
 use crate::domain::state::JobState;
@@ -147,20 +147,14 @@ impl Leader {
     /// read again here: events twice (dropped as duplicates), never none.
     async fn take_over_job_writes(&self, term: u64) -> Result<(PullConsumer, u64), OjsError> {
         let stream = &self.jobs.own.kv.stream;
-        let mut earlier = Vec::new();
-        let mut names = stream.consumer_names();
-        while let Some(name) = names.next().await {
-            let name = name.map_err(backend("listing the job-write feeds"))?;
-            match Topology::event_publisher_term(&name) {
-                Some(t) if t > term => {
-                    return Err(OjsError::backend(
-                        "A later leadership publishes the events; this one stands down.",
-                    ))
-                }
-                Some(t) if t < term => earlier.push((t, name)),
-                _ => {}
-            }
-        }
+        let mut earlier = taken_over(
+            stream,
+            term,
+            Topology::event_publisher_term,
+            "publishes the events",
+        )
+        .await?;
+        earlier.retain(|(t, _)| *t < term);
         let floor = match earlier.iter().max() {
             Some((_, latest)) => {
                 stream

@@ -15,11 +15,14 @@ mod workflows;
 use std::sync::Arc;
 
 use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::Stream;
+use futures::StreamExt;
 
 use crate::domain::error::OjsError;
 use crate::domain::listing::IndexMove;
 use crate::store::connection::Connection;
 use crate::store::cron::Cron;
+use crate::store::error::backend;
 use crate::store::events::Events;
 use crate::store::jobs::Jobs;
 use crate::store::queues::Queues;
@@ -62,4 +65,36 @@ impl Leader {
     pub async fn index_jobs(&self, moves: &[IndexMove]) -> Result<(), OjsError> {
         self.own.finished.index(&self.conn, moves).await
     }
+}
+
+/// The consumers of `stream` that leaderships up to `term` made (`term_of` reads the term
+/// from a name; other consumers are left out), with their terms: what a leadership takes
+/// over. Consumers are named by term so that a leader that lost its lease unawares reads
+/// and acknowledges only through its own, which its successor deletes (architecture §3.4,
+/// §3.5).
+///
+/// # Errors
+/// When NATS fails, or a consumer of a later leadership exists: `stands_down` says what
+/// that leadership does instead of this one.
+async fn taken_over(
+    stream: &Stream,
+    term: u64,
+    term_of: fn(&str) -> Option<u64>,
+    stands_down: &str,
+) -> Result<Vec<(u64, String)>, OjsError> {
+    let mut earlier = Vec::new();
+    let mut names = stream.consumer_names();
+    while let Some(name) = names.next().await {
+        let name = name.map_err(backend("listing the consumers of a leader service"))?;
+        match term_of(&name) {
+            Some(t) if t > term => {
+                return Err(OjsError::backend(format!(
+                    "A later leadership {stands_down}; this one stands down."
+                )))
+            }
+            Some(t) => earlier.push((t, name)),
+            None => {}
+        }
+    }
+    Ok(earlier)
 }

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use tracing::warn;
 
-use super::Leader;
+use super::{taken_over, Leader};
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
 use crate::domain::lifecycle::{self, Deadline};
@@ -152,25 +152,12 @@ impl Leader {
             .get_stream(t.timers_stream())
             .await
             .map_err(backend("opening the timers stream"))?;
-        let mut gone = Vec::new();
-        let mut names = stream.consumer_names();
-        while let Some(name) = names.next().await {
-            let name = name.map_err(backend("listing the timer consumers"))?;
-            match Topology::scheduler_term(&name) {
-                Some(t) if t > term => {
-                    return Err(OjsError::backend(
-                        "A later leadership fires the timers; this one stands down.",
-                    ))
-                }
-                Some(_) => gone.push(name),
-                None => {}
-            }
-        }
+        let gone = taken_over(&stream, term, Topology::scheduler_term, "fires the timers").await?;
         // Only once each is known gone is the consumer created: were a delete lost (a NATS
         // election), the create would fail beside the old consumer, or (the same name)
         // return it, whose timers the previous leader holds unacknowledged until its
         // AckWait.
-        for name in gone {
+        for (_, name) in gone {
             match stream.delete_consumer(&name).await {
                 Ok(_) => {}
                 Err(err) if consumer_missing(&err) => {}

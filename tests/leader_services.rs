@@ -46,6 +46,14 @@ async fn enqueue_due_in_a_second(app: &TestApp, queue: &str) -> String {
     r.body["job"]["id"].as_str().unwrap().to_owned()
 }
 
+/// Awaits a service's round, which must handle something (`what`) within 5 s.
+async fn handled_within_5s(round: impl std::future::Future<Output = Round>, what: &str) {
+    let round = tokio::time::timeout(Duration::from_secs(5), round)
+        .await
+        .unwrap_or_else(|_| panic!("no round within 5 s: {what}"));
+    assert_eq!(round, Round::Handled, "{what}");
+}
+
 /// Every job `queue` holds now, claimed at once (no long poll).
 async fn claim_all(app: &TestApp, queue: &str) -> Vec<Value> {
     let r = app
@@ -166,13 +174,11 @@ async fn an_event_publisher_round_publishes_and_counts_the_writes_it_reads() {
     let mut publisher = EventPublisher::new(store.clone(), Metrics::new(), None, term);
     let mut feed = publisher.open().await.unwrap();
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
-    let round = tokio::time::timeout(
-        Duration::from_secs(5),
+    handled_within_5s(
         publisher.run_once(&mut feed, &cancel, &pulse),
+        "the write of the PUSH makes a round",
     )
-    .await
-    .expect("the write of the PUSH makes a round");
-    assert_eq!(round, Round::Handled);
+    .await;
     let published = events().await;
     assert_eq!(published.len(), 1, "{published:?}");
     assert_eq!(published[0]["type"], "job.enqueued");
@@ -198,13 +204,11 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
     // The first round takes the job's timer in and holds it: not due yet, nothing fired.
-    let round = tokio::time::timeout(
-        Duration::from_secs(5),
+    handled_within_5s(
         scheduler.run_once(&mut feed, &cancel, &pulse),
+        "the PUSH's timer is delivered",
     )
-    .await
-    .expect("the PUSH's timer is delivered");
-    assert_eq!(round, Round::Handled);
+    .await;
     assert_eq!(
         app.get(&format!("/ojs/v1/jobs/{id}")).await.body["job"]["state"],
         "scheduled"
@@ -247,13 +251,11 @@ async fn timer_feeds_are_fenced_by_the_leadership_term() {
     );
 
     enqueue_due_in_a_second(&app, "fenced").await;
-    let round = tokio::time::timeout(
-        Duration::from_secs(5),
+    handled_within_5s(
         later.run_once(&mut later_feed, &cancel, &pulse),
+        "the later leadership gets the timer",
     )
-    .await
-    .expect("the later leadership gets the timer");
-    assert_eq!(round, Round::Handled);
+    .await;
     let stale = tokio::time::timeout(
         Duration::from_secs(2),
         earlier.run_once(&mut earlier_feed, &cancel, &pulse),
@@ -280,13 +282,11 @@ async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack
     let mut feed = scheduler.open(&cancel).await.unwrap();
     let id = enqueue_due_in_a_second(&app, "held").await;
     // The scheduler takes the timer in and holds it, then stops before it is due.
-    let round = tokio::time::timeout(
-        Duration::from_secs(5),
+    handled_within_5s(
         scheduler.run_once(&mut feed, &cancel, &pulse),
+        "the PUSH's timer is delivered",
     )
-    .await
-    .expect("the PUSH's timer is delivered");
-    assert_eq!(round, Round::Handled);
+    .await;
     let delivered = Instant::now();
     drop(feed);
     drop(scheduler);

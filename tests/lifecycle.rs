@@ -45,6 +45,37 @@ async fn enqueue_fetch_ack_completes_with_result() {
     assert_eq!(r.body["error"]["details"]["current_state"], "completed");
 }
 
+/// A FETCH that does not wait, sent the moment a PUSH was answered, gets that job: NATS
+/// answers a publish before it tells the queue's consumer, and many producers at once make
+/// that gap milliseconds long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fetch_right_after_a_push_was_answered_gets_the_job() {
+    let nats = NatsServer::start();
+    let app = std::sync::Arc::new(spawn_app(&nats.url).await);
+    let producers = (0..16).map(|p| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let queue = format!("settle-{p}");
+            let mut missed = Vec::new();
+            for _ in 0..200 {
+                let id = app.enqueue(job_on(&queue)).await;
+                let jobs = app.fetch(&[&queue], "w").await;
+                if common::job_ids(&json!(jobs)) != [id.as_str()] {
+                    missed.push(id);
+                }
+            }
+            missed
+        })
+    });
+    for missed in futures::future::join_all(producers).await {
+        let missed = missed.unwrap();
+        assert!(
+            missed.is_empty(),
+            "FETCHes right after their PUSH missed {missed:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn empty_fetch_answers_at_once() {
     let nats = NatsServer::start();

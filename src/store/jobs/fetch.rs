@@ -28,6 +28,13 @@ use crate::store::queues::registry::LANE_RETRY;
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 
+/// How long a FETCH that found nothing waits on its lanes even when it asked not to wait.
+/// nats-server acknowledges a publish before it tells the stream's consumers of the message
+/// (on another goroutine, milliseconds later on a busy server), so a pull right after a
+/// PUSH's answer can find its lane empty; a waiting pull is served the moment the consumer
+/// is told, so a job whose PUSH was answered is in the next FETCH (architecture §3.3).
+const PUBLISH_SETTLE: Duration = Duration::from_millis(20);
+
 /// What a FETCH has claimed so far, and the first failure.
 #[derive(Default)]
 struct Claims {
@@ -105,8 +112,8 @@ async fn record_claim(
 
 impl Jobs {
     /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
-    /// priority; each job claimed by one compare-and-set on its record. With `wait`, an
-    /// empty answer waits up to that long for the first job to arrive.
+    /// priority; each job claimed by one compare-and-set on its record. An empty answer
+    /// waits up to `wait` (at least [`PUBLISH_SETTLE`]) for the first job to arrive.
     ///
     /// No NATS step starts or outlasts the request's deadline (`deadline.rs`: the caller
     /// gives `wait` + `request_deadline_ms`), so a FETCH answers by then even while NATS
@@ -120,8 +127,7 @@ impl Jobs {
         req: &FetchRequest,
         gone: &CancellationToken,
     ) -> Result<Vec<Job>, OjsError> {
-        let started = Instant::now();
-        let until = req.wait.map(|w| started + w);
+        let until = Instant::now() + req.wait.unwrap_or_default().max(PUBLISH_SETTLE);
         let deadline = deadline::current();
         let stop_waiting = &self.conn.stop_waiting;
         let mut got = Claims::default();
@@ -131,14 +137,13 @@ impl Jobs {
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
             let (lanes, recheck) = self.fetch_now(req, deadline, &mut got).await;
-            let Some(until) = until.filter(|u| {
-                got.is_empty()
-                    && *u > Instant::now()
-                    && !stop_waiting.is_cancelled()
-                    && !gone.is_cancelled()
-            }) else {
+            if !got.is_empty()
+                || until <= Instant::now()
+                || stop_waiting.is_cancelled()
+                || gone.is_cancelled()
+            {
                 break;
-            };
+            }
             // Rate-limited queues are not waited on (a delivery would skip their limit):
             // they are looked at again when their next start may be free.
             let until = recheck.map_or(until, |r| until.min(Instant::now() + r));

@@ -233,6 +233,19 @@ async fn all_current(js: &async_nats::jetstream::Context) -> Result<bool, async_
 impl NatsCluster {
     /// Starts the nodes and waits until JetStream can place a stream on all three.
     pub async fn start() -> NatsCluster {
+        // A free port can be taken by another test before a node binds it; then that node
+        // exits, and the cluster is started again on new ports.
+        for _ in 0..5 {
+            if let Some(cluster) = NatsCluster::spawn().await {
+                cluster.wait_for_jetstream().await;
+                return cluster;
+            }
+        }
+        panic!("a nats-server cluster did not start on any of five sets of free ports");
+    }
+
+    /// The three nodes and their relays on new ports; `None` when a node did not start.
+    async fn spawn() -> Option<NatsCluster> {
         let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let mut relays = Vec::new();
         for from in 0..3 {
@@ -268,12 +281,12 @@ impl NatsCluster {
             ]
             .map(String::from)
             .to_vec();
-            assert!(node.spawn(), "cluster node {} did not start", node.name);
+            if !node.spawn() {
+                return None;
+            }
             nodes.push(node);
         }
-        let cluster = NatsCluster { nodes, relays };
-        cluster.wait_for_jetstream().await;
-        cluster
+        Some(NatsCluster { nodes, relays })
     }
 
     /// Cuts node `name` off from the other two (they still reach each other); its clients

@@ -28,7 +28,8 @@ use crate::store::queues::registry::LANE_RETRY;
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
 const RECORD_ON_ITS_WAY: Duration = Duration::from_secs(1);
 
-/// How long a FETCH that found nothing waits on its lanes even when it asked not to wait.
+/// How long from its start a FETCH that found nothing waits on its lanes even when it asked
+/// for a shorter wait or none.
 /// nats-server acknowledges a publish before it tells the stream's consumers of the message
 /// (on another goroutine, milliseconds later on a busy server), so a pull right after a
 /// PUSH's answer can find its lane empty; a waiting pull is served the moment the consumer
@@ -127,7 +128,8 @@ impl Jobs {
         req: &FetchRequest,
         gone: &CancellationToken,
     ) -> Result<Vec<Job>, OjsError> {
-        let until = Instant::now() + req.wait.unwrap_or_default().max(PUBLISH_SETTLE);
+        let started = Instant::now();
+        let until = started + req.wait.unwrap_or_default();
         let deadline = deadline::current();
         let stop_waiting = &self.conn.stop_waiting;
         let mut got = Claims::default();
@@ -137,16 +139,22 @@ impl Jobs {
             tokio::pin!(registry_changed);
             registry_changed.as_mut().enable();
             let (lanes, recheck) = self.fetch_now(req, deadline, &mut got).await;
-            if !got.is_empty()
-                || until <= Instant::now()
-                || stop_waiting.is_cancelled()
-                || gone.is_cancelled()
-            {
+            if !got.is_empty() || stop_waiting.is_cancelled() || gone.is_cancelled() {
                 break;
             }
-            // Rate-limited queues are not waited on (a delivery would skip their limit):
-            // they are looked at again when their next start may be free.
-            let until = recheck.map_or(until, |r| until.min(Instant::now() + r));
+            let now = Instant::now();
+            let settling = started + PUBLISH_SETTLE;
+            let wait_until = if until > now {
+                // Rate-limited queues are not waited on (a delivery would skip their
+                // limit): they are looked at again when their next start may be free.
+                recheck.map_or(until, |r| until.min(now + r))
+            } else if now < settling && !lanes.is_empty() {
+                // Asked for (almost) no wait: the lanes only, once, and no second look at
+                // the queues (a rate-limited queue's next window is not this FETCH's).
+                settling
+            } else {
+                break;
+            };
             let stop = async {
                 tokio::select! {
                     () = registry_changed => {}
@@ -154,7 +162,7 @@ impl Jobs {
                     () = gone.cancelled() => {}
                 }
             };
-            let delivered = wait_for_delivery(&lanes, until, stop).await;
+            let delivered = wait_for_delivery(&lanes, wait_until, stop).await;
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused while this FETCH waited: the message goes back, first in line.
@@ -167,6 +175,9 @@ impl Jobs {
                 } else {
                     settle(&msg, AckKind::Nak(None)).await;
                 }
+            }
+            if wait_until > until {
+                break;
             }
         }
         match got.failure {

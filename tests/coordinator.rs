@@ -11,8 +11,6 @@ use common::{eventually, job_on, spawn_app, ts, GatewayProcess, NatsServer};
 use futures::{stream, StreamExt};
 use serde_json::{json, Value};
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Enqueues `n` jobs on `queue` in batches of 1000 and claims them all.
 async fn claimed_jobs(app: &common::TestApp, queue: &str, n: usize, retry: Value) -> Vec<String> {
     for chunk in 0..n.div_ceil(1000) {
@@ -77,7 +75,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 
 #[tokio::test]
 async fn a_thousand_retries_come_due_within_100_ms() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let ids = claimed_jobs(
@@ -117,7 +115,7 @@ async fn a_thousand_retries_come_due_within_100_ms() {
 /// the record, and the claim waits for that write instead of putting the message back.
 #[tokio::test]
 async fn a_waiting_worker_gets_scheduled_jobs_within_100_ms_of_their_time() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     // The worker asks a second gateway, as behind a load balancer: its claim does not
@@ -138,7 +136,7 @@ async fn a_waiting_worker_gets_scheduled_jobs_within_100_ms_of_their_time() {
 
 #[tokio::test]
 async fn five_thousand_jobs_in_backoff_do_not_stall_their_queue() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let ids = claimed_jobs(&app, "crowded", 5000, json!({"initial_interval": "PT1H"})).await;
@@ -156,7 +154,7 @@ async fn five_thousand_jobs_in_backoff_do_not_stall_their_queue() {
 
 #[tokio::test]
 async fn killing_the_leader_of_three_hands_over_within_five_seconds() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     // Default lease settings: a 3 s time-to-live, renewed every second.
     let env = [("OJS_LEASE_TTL_MS", "3000")];
@@ -248,7 +246,7 @@ async fn killing_the_leader_of_three_hands_over_within_five_seconds() {
 
 #[tokio::test]
 async fn ten_thousand_jobs_scheduled_for_one_instant_are_available_within_a_second() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let at = Utc::now() + chrono::Duration::seconds(8);
@@ -289,7 +287,7 @@ async fn ten_thousand_jobs_scheduled_for_one_instant_are_available_within_a_seco
 /// running after it gets exactly one.
 #[tokio::test]
 async fn only_jobs_running_past_the_hold_get_deadline_timers() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     for _ in 0..20 {
@@ -321,7 +319,7 @@ async fn only_jobs_running_past_the_hold_get_deadline_timers() {
 /// by the next leader, so the lapsed reservation still returns the job to its queue.
 #[tokio::test]
 async fn a_reservation_claimed_just_before_the_leader_dies_still_lapses() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let mut leader = GatewayProcess::start(&nats.url, &[]).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // it takes the lease first
@@ -367,7 +365,7 @@ async fn a_reservation_claimed_just_before_the_leader_dies_still_lapses() {
 /// consumer of its own, starting where the one before it had acknowledged.
 #[tokio::test]
 async fn a_leader_frozen_past_its_lease_loses_no_event() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let frozen = GatewayProcess::start(
         &nats.url,
@@ -416,7 +414,7 @@ async fn a_leader_frozen_past_its_lease_loses_no_event() {
 /// Every one of its events arrives anyway, in order, from the trail the later writes carry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_behind_more_writes_than_the_bucket_keeps_loses_no_event() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let leader = GatewayProcess::start(&nats.url, &[("OJS_JOB_HISTORY", "2")]).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

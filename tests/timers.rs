@@ -14,8 +14,6 @@ use futures::{StreamExt, TryStreamExt};
 use ojs_jetstream::config::Config;
 use serde_json::json;
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn at(from_now_ms: i64) -> String {
     (Utc::now() + chrono::Duration::milliseconds(from_now_ms))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -43,7 +41,7 @@ async fn timers_in_stream(nats: &NatsServer) -> u64 {
 /// when sent as a request, and redelivers after the delay (not at the 24 h AckWait).
 #[tokio::test]
 async fn nak_with_a_delay_redelivers_after_the_delay_on_a_long_ack_wait() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let client = async_nats::connect(nats.url.as_str()).await.unwrap();
     let js = jetstream::new(client.clone());
@@ -115,7 +113,7 @@ async fn nak_with_a_delay_redelivers_after_the_delay_on_a_long_ack_wait() {
 /// worker within 100 ms of its time.
 #[tokio::test]
 async fn jobs_due_beyond_the_horizon_are_not_held_yet_run_on_time() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
         timer_horizon_ms: 1000,
@@ -149,7 +147,7 @@ async fn jobs_due_beyond_the_horizon_are_not_held_yet_run_on_time() {
 /// stays one entry, fires once and is settled by the latest delivery's ack.
 #[tokio::test]
 async fn a_redelivered_timer_is_held_once() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let id = app
@@ -194,7 +192,7 @@ async fn a_redelivered_timer_is_held_once() {
 /// nothing; jobs needing none, retries and worker timers still go through.
 #[tokio::test]
 async fn scheduling_past_the_cap_is_refused_and_system_timers_still_work() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app_with(Config {
         max_pending_timers: 3,
@@ -258,7 +256,7 @@ async fn scheduling_past_the_cap_is_refused_and_system_timers_still_work() {
 /// A failover hands every far timer back again: measures it for 100,000.
 #[tokio::test]
 async fn a_new_leader_hands_a_hundred_thousand_far_timers_back() {
-    let _serial = SERIAL.lock().await;
+    let _measuring = common::measuring();
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     let client = async_nats::connect(nats.url.as_str()).await.unwrap();

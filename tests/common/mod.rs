@@ -761,6 +761,24 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// Waits until no other test on this machine holds this, and holds it until dropped: the
+/// tests that load one gateway's leader to the limit and bound its timings (thousands of
+/// timers due at once, failovers) take it first, so two of them never share the CPU,
+/// whichever suite, process or thread runs them (CI runs the suites against both
+/// nats-servers side by side).
+pub fn measuring() -> std::fs::File {
+    let path = std::env::temp_dir().join("ojs-jetstream-tests-measuring.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .unwrap_or_else(|e| panic!("cannot lock {}: {e}", path.display()));
+    file
+}
+
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `timeout`.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
 where

@@ -114,7 +114,8 @@ async fn record_claim(
 impl Jobs {
     /// FETCH (core §7.2): queues in the given order, priorities highest first, FIFO within a
     /// priority; each job claimed by one compare-and-set on its record. An empty answer
-    /// waits up to `wait` (at least [`PUBLISH_SETTLE`]) for the first job to arrive.
+    /// waits up to `wait` for the first job to arrive, and on its lanes for at least 20 ms
+    /// (`PUBLISH_SETTLE`).
     ///
     /// No NATS step starts or outlasts the request's deadline (`deadline.rs`: the caller
     /// gives `wait` + `request_deadline_ms`), so a FETCH answers by then even while NATS

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::{
     dead_letter_a_job, eventually, spawn_app, spawn_app_with, test_config, NatsServer, TestApp,
 };
+use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
 fn on(queue: &str) -> Value {
@@ -247,6 +248,39 @@ async fn a_blocked_push_waits_for_room_and_a_dead_letter_retry_needs_a_place() {
         retried.body
     );
     app.stop().await;
+}
+
+/// A blocked PUSH's wait comes on top of the request deadline, as a FETCH's does: room
+/// made after the deadline but within `OJS-Block-Timeout` still admits the job.
+#[tokio::test]
+async fn a_push_blocked_longer_than_the_request_deadline_is_admitted_when_room_comes() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        request_deadline_ms: 500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    bound(
+        &app,
+        "bp-long",
+        json!({"max_depth": 1, "strategy": "block"}),
+    )
+    .await;
+    let held = app.enqueue(on("bp-long")).await;
+    let waiting = app.with_header("ojs-block-timeout", "5");
+    let push = tokio::spawn(async move {
+        let started = Instant::now();
+        (
+            waiting.post("/ojs/v1/jobs", on("bp-long")).await,
+            started.elapsed(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = app.delete(&format!("/ojs/v1/jobs/{held}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, waited) = push.await.unwrap();
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
 }
 
 #[tokio::test]

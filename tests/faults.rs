@@ -98,7 +98,7 @@ async fn a_refused_batch_nobody_claimed_leaves_nothing() {
 async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
     let nats = NatsServer::start();
     let slow = spawn_app_with(Config {
-        failpoints: "fetch.claiming=delay(1000)".into(),
+        failpoints: "fetch.claiming=delay(3000)".into(),
         request_deadline_ms: 500,
         ..test_config(&nats.url)
     })
@@ -116,9 +116,9 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
     let took = started.elapsed();
     r.assert_error(503, "backend_error");
     assert_eq!(r.header("retry-after"), "1");
-    // Deadline 0.7 s, plus the step in flight then (here the 1 s hold).
+    // Deadline 0.7 s; the 3 s hold escapes it, so the request is cut 0.25 s past it.
     assert!(
-        took < Duration::from_millis(1500),
+        took < Duration::from_millis(1200),
         "answered after {took:?}"
     );
     assert_eq!(other.job(&id).await["state"], "available");
@@ -126,7 +126,7 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
     let r = other
         .post(
             "/ojs/v1/workers/fetch",
-            json!({"queues": ["late"], "count": 1, "wait_ms": 5000, "worker_id": "w"}),
+            json!({"queues": ["late"], "count": 1, "wait_ms": 8000, "worker_id": "w"}),
         )
         .await;
     assert_eq!(
@@ -136,4 +136,47 @@ async fn a_fetch_past_its_deadline_claims_nothing_and_says_retry() {
         r.body
     );
     assert_eq!(r.body["jobs"][0]["attempt"], 1);
+}
+
+/// A PUSH held past its deadline where no step's deadline reaches (`enqueue.published`
+/// standing in for a step that escaped it, or a descheduled process) is cut 0.25 s past
+/// its deadline: a retryable 503 in time, not an answer whenever the hold ends. The cut
+/// leaves what a crash there leaves (architecture §4, PUSH 2→3): the client's retry with
+/// the same id through another gateway runs the job once.
+#[tokio::test]
+async fn a_push_held_past_its_deadline_is_cut_in_time_and_its_retry_runs_once() {
+    let nats = NatsServer::start();
+    let slow = spawn_app_with(Config {
+        failpoints: "enqueue.published=delay(5000)".into(),
+        request_deadline_ms: 500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let other = spawn_app(&nats.url).await;
+    let job = json!({"id": uuid::Uuid::now_v7().to_string(), "type": "t.cut", "args": [],
+        "options": {"queue": "cut"}});
+
+    let started = Instant::now();
+    let r = slow.post("/ojs/v1/jobs", job.clone()).await;
+    let took = started.elapsed();
+    r.assert_error(503, "backend_error");
+    assert_eq!(r.body["error"]["retryable"], true, "{}", r.body);
+    assert_eq!(r.header("retry-after"), "1");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_millis(1200),
+        "answered after {took:?}"
+    );
+
+    let r = other.post("/ojs/v1/jobs", job.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let id = job["id"].as_str().unwrap();
+    let r = other
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["cut"], "count": 10, "wait_ms": 3000, "worker_id": "w"}),
+        )
+        .await;
+    assert_eq!(common::job_ids(&r.body["jobs"]), [id], "{}", r.body);
+    other.ack(json!({"job_id": id, "result": null})).await;
+    assert_eq!(other.job(id).await["state"], "completed");
 }

@@ -8,8 +8,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tracing::error;
 use tracing::Instrument;
+use tracing::{error, warn};
 use uuid::Uuid;
 
 use super::error::{self, ApiError};
@@ -73,7 +73,14 @@ pub(super) async fn conventions(
             let span = tracing::debug_span!("request", request_id = %request_id, method = %method, route = %route);
             // Every NATS step of the request shares its deadline (`store::deadline`).
             let deadline = started + state.config.request_deadline();
-            deadline::within(deadline.into(), next.run(req).instrument(span)).await
+            match deadline::serve(deadline.into(), next.run(req).instrument(span)).await {
+                Ok(response) => response,
+                Err(err) => {
+                    warn!(%method, route, request_id, took_ms = started.elapsed().as_millis() as u64,
+                        "a request ran past its deadline and was cut; a step of it escaped the deadline");
+                    ApiError(err).into_response()
+                }
+            }
         }
         Some(other) => ApiError(OjsError::new(
             ErrorCode::Unsupported,

@@ -2,6 +2,7 @@
 
 use axum::extract::{Path, State};
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -17,10 +18,13 @@ use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Job;
-use crate::store::Enqueued;
+use crate::store::{deadline, Enqueued};
 
 /// The request header of a PUSH willing to wait for room in a full queue.
 const BLOCK_TIMEOUT: &str = "ojs-block-timeout";
+
+/// The longest a PUSH's answer waits for a queue's depth for its pressure headers.
+const PRESSURE_PATIENCE: Duration = Duration::from_millis(250);
 
 /// Most jobs one batch may carry.
 const MAX_BATCH: usize = 10_000;
@@ -148,6 +152,7 @@ async fn push(
         .get(BLOCK_TIMEOUT)
         .map(|v| v.to_str().unwrap_or("(not text)"));
     let block = backpressure::block_timeout(raw)?;
+    deadline::wait_on_top(block);
     match state.store.jobs().enqueue(jobs, block).await {
         Err(err) if err.code == ErrorCode::QueueFull => {
             if let Some(queue) = err.details.get("queue").and_then(Value::as_str) {
@@ -160,14 +165,17 @@ async fn push(
 }
 
 /// The pressure headers of a PUSH into a bounded queue past its warning threshold
-/// (backpressure spec §7.3): the first such queue of `queues`. Best effort.
+/// (backpressure spec §7.3): the first such queue of `queues`. Best effort: a depth NATS
+/// does not give within `PRESSURE_PATIENCE` (an election) leaves the headers out rather
+/// than hold up a PUSH that is done.
 async fn add_pressure<'a>(
     state: &SharedState,
     queues: impl IntoIterator<Item = &'a str>,
     response: &mut Response,
 ) {
     for queue in queues {
-        let Ok(Some(p)) = state.store.queues().pressure(queue).await else {
+        let pressure = state.store.queues().pressure(queue);
+        let Ok(Some(p)) = deadline::patient(PRESSURE_PATIENCE, pressure).await else {
             continue;
         };
         if p.bound.warns(p.depth) {

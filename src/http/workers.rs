@@ -7,7 +7,6 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
@@ -27,7 +26,7 @@ pub async fn fetch(
 ) -> Result<Response, ApiError> {
     let req = requests::fetch(&body, &state.config.request_limits())?;
     // The deadline of every NATS step: the wait, then the request's own time.
-    let deadline = Instant::now() + req.wait.unwrap_or_default() + state.config.request_deadline();
+    let deadline = deadline::wait_on_top(req.wait.unwrap_or_default());
     // A spawned task finishes its claims even if the client goes away mid-request, so no
     // delivered message is left unsettled; the client's going (this handler dropped)
     // ends its wait, and what it claimed by then goes straight back to the queue.

@@ -8,6 +8,7 @@
 //! passing it on. Work outside a request — the leader's services, pull loops — gives each
 //! step [`BACKGROUND_PATIENCE`] and then reports the failure to its own loop, as before.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::time::Duration;
 
@@ -17,13 +18,19 @@ use super::error::{nats_failed, unanswered};
 use crate::domain::error::{ErrorCode, OjsError};
 
 tokio::task_local! {
-    static DEADLINE: Instant;
+    /// A cell, so that the handler that reads a client's wait can move the deadline the
+    /// middleware set (`wait_on_top`).
+    static DEADLINE: Cell<Instant>;
 }
 
 /// How long a NATS step outside any request is retried: about one stream leader election
 /// (4–8 s measured on three-node clusters), so background work rides through one without
 /// a flood of warnings.
 pub const BACKGROUND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long past its deadline a request runs before [`serve`] cuts it. Every NATS step is
+/// cut at the deadline itself, so what remains then is writing the answer.
+const OVERRUN: Duration = Duration::from_millis(250);
 
 /// First pause before a step is run again; it doubles up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
@@ -32,14 +39,55 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(500);
 
 /// Runs `work` with `deadline` as the deadline of each NATS step in it.
 pub async fn within<F: Future>(deadline: Instant, work: F) -> F::Output {
-    DEADLINE.scope(deadline, work).await
+    DEADLINE.scope(Cell::new(deadline), work).await
+}
+
+/// Runs `work` with at most `patience` of the current deadline: a step that need not wait
+/// out a whole election (a best-effort read, a lane a later FETCH may open).
+pub async fn patient<F: Future>(patience: Duration, work: F) -> F::Output {
+    within(current().min(Instant::now() + patience), work).await
+}
+
+/// Serves a request: runs `work` with `deadline` (as [`within`]), and cuts it if it still
+/// runs `OVERRUN` past its deadline (moved by [`wait_on_top`] meanwhile), whatever it
+/// waits on. A step that escaped the deadline then never holds the client past it.
+/// Dropping `work` at an await is what a client closing its connection does too.
+///
+/// # Errors
+/// 503 `backend_unavailable` when the request was cut.
+pub async fn serve<F: Future>(deadline: Instant, work: F) -> Result<F::Output, OjsError> {
+    within(deadline, async {
+        tokio::pin!(work);
+        loop {
+            let cut_at = current() + OVERRUN;
+            match tokio::time::timeout_at(cut_at, &mut work).await {
+                Ok(answer) => return Ok(answer),
+                // The handler moved the deadline later meanwhile.
+                Err(_) if current() + OVERRUN > cut_at => {}
+                Err(_) => return Err(out_of_time("answering the request")),
+            }
+        }
+    })
+    .await
+}
+
+/// Moves the current request's deadline `wait` later: a wait the client asked for (a
+/// FETCH's `wait_ms`, a PUSH's block timeout) comes on top of the request's own time.
+/// Returns the new deadline.
+pub fn wait_on_top(wait: Duration) -> Instant {
+    DEADLINE
+        .try_with(|d| {
+            d.set(d.get() + wait);
+            d.get()
+        })
+        .unwrap_or_else(|_| current() + wait)
 }
 
 /// The deadline of the request this task serves; outside a request, [`BACKGROUND_PATIENCE`]
 /// from now.
 pub fn current() -> Instant {
     DEADLINE
-        .try_with(|d| *d)
+        .try_with(Cell::get)
         .unwrap_or_else(|_| Instant::now() + BACKGROUND_PATIENCE)
 }
 
@@ -176,5 +224,48 @@ mod tests {
         .unwrap();
         assert_eq!(err.code, ErrorCode::BackendUnavailable);
         assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_still_running_past_its_deadline_is_cut() {
+        let start = Instant::now();
+        // A wait no deadline reaches, as a step that escaped it would be.
+        let served = serve(start + Duration::from_secs(10), async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        })
+        .await;
+        assert_eq!(served.err().unwrap().code, ErrorCode::BackendUnavailable);
+        assert_eq!(start.elapsed(), Duration::from_secs(10) + OVERRUN);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_the_client_asked_for_comes_on_top_of_the_deadline() {
+        let start = Instant::now();
+        let served = serve(start + Duration::from_secs(10), async {
+            let deadline = wait_on_top(Duration::from_secs(5));
+            assert_eq!(deadline, start + Duration::from_secs(15));
+            assert_eq!(current(), deadline);
+            tokio::time::sleep(Duration::from_secs(14)).await;
+            7
+        })
+        .await;
+        assert_eq!(served.unwrap(), 7);
+        assert_eq!(start.elapsed(), Duration::from_secs(14));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn patience_shortens_the_deadline_and_never_lengthens_it() {
+        let start = Instant::now();
+        within(start + Duration::from_secs(10), async {
+            patient(Duration::from_secs(1), async {
+                assert_eq!(current(), start + Duration::from_secs(1));
+            })
+            .await;
+            patient(Duration::from_secs(60), async {
+                assert_eq!(current(), start + Duration::from_secs(10));
+            })
+            .await;
+        })
+        .await;
     }
 }

@@ -165,8 +165,7 @@ impl Timers {
             // The cap bounds memory, not an exact count: while the stream's leader is being
             // elected, the count last read serves rather than holding the PUSH up.
             Some((_, count)) => {
-                let soon = deadline::current().min(tokio::time::Instant::now() + STALE_COUNT_WAIT);
-                match deadline::within(soon, self.timers_stored()).await {
+                match deadline::patient(STALE_COUNT_WAIT, self.timers_stored()).await {
                     Err(err) if err.code == ErrorCode::BackendUnavailable => {
                         return horizon::admit(count, adding, self.conn.max_pending_timers)
                     }

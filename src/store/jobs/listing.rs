@@ -18,6 +18,7 @@ use crate::domain::job::{Job, JobRecord};
 use crate::domain::listing::{next_window, window, Cursor, ListQuery, Order, Source, SCAN_LIMIT};
 use crate::domain::state::JobState;
 use crate::store::cas::Replica;
+use crate::store::deadline::answered;
 use crate::store::error::backend;
 use crate::store::timers::TimerKind;
 
@@ -192,7 +193,9 @@ impl Jobs {
     /// The lane's stream with its state now; `None` for a queue never written to, or an
     /// index no job has entered yet.
     async fn open(&self, spec: LaneSpec) -> Result<Option<Lane>, OjsError> {
-        match self.conn.js.get_stream(&spec.stream).await {
+        let doing = "opening a stream to list";
+        let opened = answered(doing, || self.conn.js.get_stream(&spec.stream)).await?;
+        match opened.said {
             Ok(stream) => Ok(Some(Lane {
                 leader_only: !stream.cached_info().config.allow_direct,
                 stream,
@@ -205,7 +208,7 @@ impl Jobs {
             {
                 Ok(None)
             }
-            Err(err) => Err(backend("opening a stream to list")(err)),
+            Err(err) => Err(backend(doing)(err)),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::domain::error::OjsError;
 use crate::domain::event::backpressure_event;
 use crate::domain::job::JobRecord;
 use crate::store::connection::ensure_stream;
-use crate::store::deadline::{by_deadline, out_of_time};
+use crate::store::deadline::{answered, by_deadline, out_of_time};
 use crate::store::error::{already_deleted, backend};
 
 /// How long a PUSH's read of a queue's depth serves the next ones (the pressure headers).
@@ -204,12 +204,12 @@ impl Queues {
     /// # Errors
     /// When NATS fails.
     pub async fn depth_now(&self, queue: &str) -> Result<u64, OjsError> {
-        let stream = self
-            .conn
-            .js
-            .get_stream(self.conn.topology.depth_stream(queue))
-            .await
-            .map_err(backend("reading the depth of a bounded queue"))?;
+        let doing = "reading the depth of a bounded queue";
+        let name = self.conn.topology.depth_stream(queue);
+        let stream = answered(doing, || self.conn.js.get_stream(&name))
+            .await?
+            .said
+            .map_err(backend(doing))?;
         let depth = stream.cached_info().state.messages;
         self.own
             .depths

@@ -18,7 +18,7 @@ use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
 use crate::domain::rate_limit::{Limits, RateLimit};
 use crate::store::connection::ensure_stream;
-use crate::store::deadline::by_deadline;
+use crate::store::deadline::{answered, by_deadline};
 use crate::store::error::{already_deleted, backend};
 
 /// A running place of a concurrency-limited queue: the job and dispatch that took it.
@@ -121,22 +121,20 @@ impl Queues {
             window_ends_ms: 0,
         };
         if limits.concurrency.is_some() {
-            let stream = self
-                .conn
-                .js
-                .get_stream(t.slot_stream(queue))
-                .await
+            let name = t.slot_stream(queue);
+            let stream = answered(doing, || self.conn.js.get_stream(&name))
+                .await?
+                .said
                 .map_err(backend(doing))?;
             usage.active = stream.cached_info().state.messages;
         }
         if let Some(rate) = limits.rate {
             let window = rate.window_index(Utc::now().timestamp_millis());
             let subject = t.rate_subject(queue, window);
-            let stream = self
-                .conn
-                .js
-                .get_stream(t.rate_stream(queue))
-                .await
+            let name = t.rate_stream(queue);
+            let stream = answered(doing, || self.conn.js.get_stream(&name))
+                .await?
+                .said
                 .map_err(backend(doing))?;
             let mut info = stream
                 .info_with_subjects(&subject)

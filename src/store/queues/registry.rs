@@ -481,8 +481,7 @@ impl QueueRegistry {
         let config = reg.topology.priority_consumer_config(queue, priority);
         let name = Topology::priority_consumer(priority);
         let doing = "opening a queue lane";
-        let patience = deadline::current().min(tokio::time::Instant::now() + LANE_PATIENCE);
-        let opened = deadline::within(patience, async {
+        let opened = deadline::patient(LANE_PATIENCE, async {
             let stream = reg
                 .js
                 .get_stream_no_info(&stream_name)

@@ -76,8 +76,10 @@ async fn a_fetch_right_after_a_push_was_answered_gets_the_job() {
     }
 }
 
+/// A FETCH without `wait_ms` that finds nothing answers after its 20 ms settle wait
+/// (`a_fetch_right_after_a_push…` above), not after a long poll.
 #[tokio::test]
-async fn empty_fetch_answers_at_once() {
+async fn an_empty_fetch_without_a_wait_answers_within_its_settle_wait() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;
     app.enqueue(job_on("other")).await; // a queue that exists, with nothing for us

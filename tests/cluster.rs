@@ -99,7 +99,8 @@ async fn each_node_in_turn(leaving: Leaving) {
     })
     .await;
 
-    load::describe_unfinished(&seen, &a).await;
+    let url = cluster.lock().unwrap().url();
+    load::describe_unfinished(&seen, &a, &url).await;
     let seen = seen.lock().unwrap();
     seen.report(&faults, Duration::from_secs(10));
     seen.report_latencies();
@@ -157,7 +158,7 @@ async fn a_gateway_cut_off_with_a_minority_node_fails_only_retryably_and_loses_n
     })
     .await;
 
-    load::describe_unfinished(&seen, &b).await;
+    load::describe_unfinished(&seen, &b, &cluster.url()).await;
     let seen = seen.lock().unwrap();
     seen.report(&[cut], Duration::from_secs(12));
     seen.check(Duration::from_secs(12));

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::StreamExt;
 use serde_json::{json, Value};
 
 use super::{Reply, TestApp};
@@ -350,14 +351,54 @@ async fn state_of(gateway: &TestApp, id: &str) -> Value {
 }
 
 /// Prints what `gateway` says of each accepted job that was never acked, for a failing run.
-pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp) {
+pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp, nats_url: &str) {
     let unfinished: Vec<String> = {
         let seen = seen.lock().unwrap();
         seen.accepted.difference(&seen.acked).cloned().collect()
     };
+    if unfinished.is_empty() {
+        return;
+    }
     for id in unfinished {
         let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
         println!("unfinished {id}: {} {}", r.status, r.body);
+    }
+    describe_timers(nats_url).await;
+}
+
+/// Prints the timers stream and its consumers: whether a job waiting for its retry or
+/// promotion has its timer stored, and whether the leader's consumer delivered it and
+/// waits for its acknowledgement.
+async fn describe_timers(nats_url: &str) {
+    let Ok(client) = async_nats::connect(nats_url).await else {
+        println!("timers: NATS not reachable");
+        return;
+    };
+    let js = async_nats::jetstream::new(client);
+    let mut names = js.stream_names();
+    while let Some(Ok(name)) = names.next().await {
+        if !name.ends_with("-timers") {
+            continue;
+        }
+        let Ok(stream) = js.get_stream(&name).await else {
+            continue;
+        };
+        println!("{name}: {:?}", stream.cached_info().state);
+        let mut consumers = stream.consumers();
+        while let Some(Ok(c)) = consumers.next().await {
+            println!(
+                "  consumer {}: delivered {:?}, ack floor {:?}, ack pending {}, redelivered {}, \
+                 pending {}, waiting pulls {}, cluster {:?}",
+                c.name,
+                c.delivered,
+                c.ack_floor,
+                c.num_ack_pending,
+                c.num_redelivered,
+                c.num_pending,
+                c.num_waiting,
+                c.cluster
+            );
+        }
     }
 }
 

@@ -200,7 +200,7 @@ async fn timer_scheduler_rounds_take_a_schedule_in_and_fire_it_when_due() {
     let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
     let id = enqueue_due_in_a_second(&app, "later").await;
 
-    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term, Pulse::default());
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
     // The first round takes the job's timer in and holds it: not due yet, nothing fired.
@@ -241,9 +241,9 @@ async fn timer_feeds_are_fenced_by_the_leadership_term() {
     let nats = NatsServer::start();
     let (store, app, term) = without_a_leader(test_config(&nats.url)).await;
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
-    let earlier = TimerScheduler::new(store.clone(), Metrics::new(), term);
+    let earlier = TimerScheduler::new(store.clone(), Metrics::new(), term, Pulse::default());
     let mut earlier_feed = earlier.open(&cancel).await.unwrap();
-    let later = TimerScheduler::new(store.clone(), Metrics::new(), term + 1);
+    let later = TimerScheduler::new(store.clone(), Metrics::new(), term + 1, Pulse::default());
     let mut later_feed = later.open(&cancel).await.unwrap();
     assert!(
         earlier.open(&cancel).await.is_err(),
@@ -277,7 +277,7 @@ async fn a_timer_delivered_to_a_scheduler_that_stopped_comes_back_within_the_ack
         ..test_config(&nats.url)
     })
     .await;
-    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term);
+    let scheduler = TimerScheduler::new(store.clone(), Metrics::new(), term, Pulse::default());
     let (cancel, pulse) = (CancellationToken::new(), Pulse::default());
     let mut feed = scheduler.open(&cancel).await.unwrap();
     let id = enqueue_due_in_a_second(&app, "held").await;

@@ -7,14 +7,17 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, job_on, spawn_app_with, test_config, GatewayProcess, NatsServer};
 use ojs_jetstream::config::{Config, Secret};
+use serde_json::json;
 
 /// The stall limit of these gateways, and their NATS timeout (a limit must exceed it).
 const STALL_MS: u64 = 3000;
 const NATS_TIMEOUT_MS: u64 = 2000;
 
-/// Two NATS users: `denied` may not publish events, `ojs` may do anything.
+/// Three NATS users: `denied` may not publish events, `no_queues` may not publish queue
+/// messages, `ojs` may do anything.
 const USERS: &str = r#"authorization { users: [
   { user: denied, password: "denied-password", permissions: { publish: { deny: ["ojs.events.>"] } } },
+  { user: no_queues, password: "no-queues-password", permissions: { publish: { deny: ["ojs.q.>"] } } },
   { user: ojs, password: "ojs-password" }
 ] }"#;
 
@@ -119,6 +122,71 @@ async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
         1,
         "logged once: {logged}"
     );
+}
+
+/// A leader whose every timer firing fails (NATS refuses the promoted job's queue message)
+/// makes no progress though its scheduler's loop goes on: it hands the lead over within the
+/// limit, and the next leader promotes the job.
+#[tokio::test]
+async fn a_leader_whose_timers_all_fail_to_fire_hands_the_lead_over() {
+    let nats = NatsServer::start_with_config(USERS);
+    let (stall, timeout) = (STALL_MS.to_string(), NATS_TIMEOUT_MS.to_string());
+    let failing = GatewayProcess::start_logging_to(
+        &nats.url,
+        &[
+            ("OJS_NATS_USER", "no_queues"),
+            ("OJS_NATS_PASSWORD", "no-queues-password"),
+            ("OJS_LEADER_STALL_MS", &stall),
+            ("OJS_NATS_TIMEOUT_MS", &timeout),
+        ],
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let healthy = spawn_app_with(Config {
+        nats_user: "ojs".into(),
+        nats_password: Secret("ojs-password".into()),
+        ..settings(&nats.url)
+    })
+    .await;
+    let stalled = failing.client();
+    assert!(leads(&stalled).await, "the first gateway leads");
+
+    // Its promotion publishes the job's queue message, which the leader may not.
+    let due = Instant::now() + Duration::from_secs(1);
+    let id = healthy
+        .enqueue(json!({"type": "t.later", "args": [],
+            "options": {"queue": "stall-timers", "scheduled_at": "+PT1S"}}))
+        .await;
+    let health = eventually(
+        Duration::from_millis(4 * STALL_MS),
+        "the stalled leader's health to say so",
+        || async {
+            let r = stalled.get("/ojs/v1/health").await;
+            (r.body["status"] == "degraded").then_some(r)
+        },
+    )
+    .await;
+    let took = due.elapsed();
+    assert!(
+        took >= Duration::from_millis(STALL_MS) && took < Duration::from_millis(STALL_MS + 1500),
+        "stepped down {took:?} after the timer came due (limit {STALL_MS} ms)"
+    );
+    let coordinator = &health.body["coordinator"];
+    assert_eq!(coordinator["leader"], false, "{}", health.body);
+    assert_eq!(coordinator["stalled"]["service"], "scheduler_firings");
+    let metrics = stalled.metrics().await;
+    assert!(
+        metrics.contains("ojs_leader_stalls_total{service=\"scheduler_firings\"} 1"),
+        "{metrics}"
+    );
+
+    // The other gateway leads and promotes the job.
+    eventually(Duration::from_secs(10), "the job promoted", || async {
+        (healthy.job(&id).await["state"] == "available").then_some(())
+    })
+    .await;
+    assert!(leads(&healthy).await);
 }
 
 #[tokio::test]

@@ -161,8 +161,13 @@ impl Coordinator {
             )
             .run(token.clone(), pulse)
         });
+        // Firings run in tasks of their own, so the scheduler's loop shows nothing of them:
+        // their own pulse is working from a firing's start until one succeeds.
+        let firings = Pulse::default();
+        l.watch("scheduler_firings", firings.clone());
         l.spawn("scheduler", |pulse| {
-            TimerScheduler::new(store.clone(), self.metrics.clone(), term).run(token.clone(), pulse)
+            TimerScheduler::new(store.clone(), self.metrics.clone(), term, firings)
+                .run(token.clone(), pulse)
         });
         l.spawn("cron", |pulse| {
             CronScheduler::new(store.clone()).run(token.clone(), pulse)
@@ -210,6 +215,11 @@ impl Leadership {
         let pulse = Pulse::default();
         let id = self.services.spawn(start(pulse.clone())).id();
         self.names.insert(id, name);
+        self.pulses.push((name, pulse));
+    }
+
+    /// Watches `pulse` under `name` too: work a service hands to tasks of its own.
+    fn watch(&mut self, name: &'static str, pulse: Pulse) {
         self.pulses.push((name, pulse));
     }
 

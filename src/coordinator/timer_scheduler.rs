@@ -46,6 +46,10 @@ pub struct TimerScheduler {
     metrics: Metrics,
     /// The leadership it fires for; it reads the timers through that term's consumer.
     term: u64,
+    /// Working from a firing's start until a firing succeeds: firings that all fail (NATS
+    /// refusing every promotion, say) stall the leadership as a stuck loop would, though
+    /// the loop itself goes on (architecture §3.10, stalls).
+    firings: Pulse,
 }
 
 /// What the heap wakes the scheduler for.
@@ -132,11 +136,12 @@ pub struct Feed {
 }
 
 impl TimerScheduler {
-    pub fn new(store: Store, metrics: Metrics, term: u64) -> TimerScheduler {
+    pub fn new(store: Store, metrics: Metrics, term: u64, firings: Pulse) -> TimerScheduler {
         TimerScheduler {
             store,
             metrics,
             term,
+            firings,
         }
     }
 
@@ -268,9 +273,12 @@ impl TimerScheduler {
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
         let store = self.store.clone();
+        let firings = self.firings.clone();
+        firings.working();
         tokio::spawn(async move {
             match store.leader().fire_timer(&timer, ahead).await {
                 Ok(_) => {
+                    firings.idle();
                     store.failpoint("scheduler.timer_fired").await;
                     let _ = ack.send((Instant::now(), timer));
                 }

@@ -34,21 +34,23 @@ async fn leads(app: &common::TestApp) -> bool {
     app.metrics().await.lines().any(|l| l == "ojs_leader 1")
 }
 
-#[tokio::test]
-async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
-    let nats = NatsServer::start_with_config(USERS);
-    let log = nats.dir.path().join("denied.log");
+/// A gateway process as NATS user `user`, started first so that it leads, and beside it a
+/// gateway whose user may do anything.
+async fn leader_as(
+    nats: &NatsServer,
+    (user, password): (&str, &str),
+    log: Option<&std::path::Path>,
+) -> (GatewayProcess, common::TestApp) {
     let (stall, timeout) = (STALL_MS.to_string(), NATS_TIMEOUT_MS.to_string());
-    // The first to start leads: a gateway whose NATS user may not publish events.
-    let denied = GatewayProcess::start_logging_to(
+    let leader = GatewayProcess::start_logging_to(
         &nats.url,
         &[
-            ("OJS_NATS_USER", "denied"),
-            ("OJS_NATS_PASSWORD", "denied-password"),
+            ("OJS_NATS_USER", user),
+            ("OJS_NATS_PASSWORD", password),
             ("OJS_LEADER_STALL_MS", &stall),
             ("OJS_NATS_TIMEOUT_MS", &timeout),
         ],
-        Some(&log),
+        log,
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -58,6 +60,24 @@ async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
         ..settings(&nats.url)
     })
     .await;
+    (leader, healthy)
+}
+
+/// `app`'s health once it says `degraded`, within `within`.
+async fn degraded(app: &common::TestApp, within: Duration) -> common::Reply {
+    eventually(within, "the stalled leader's health to say so", || async {
+        let r = app.get("/ojs/v1/health").await;
+        (r.body["status"] == "degraded").then_some(r)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
+    let nats = NatsServer::start_with_config(USERS);
+    let log = nats.dir.path().join("denied.log");
+    // The leader's NATS user may not publish events.
+    let (denied, healthy) = leader_as(&nats, ("denied", "denied-password"), Some(&log)).await;
     let stalled = denied.client();
 
     // With nothing to do for longer than the limit, it is not stalled.
@@ -70,15 +90,7 @@ async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
     // A job's write is work its publisher cannot finish.
     let written = Instant::now();
     let id = healthy.enqueue(job_on("stall")).await;
-    let health = eventually(
-        Duration::from_millis(3 * STALL_MS),
-        "the stalled leader's health to say so",
-        || async {
-            let r = stalled.get("/ojs/v1/health").await;
-            (r.body["status"] == "degraded").then_some(r)
-        },
-    )
-    .await;
+    let health = degraded(&stalled, Duration::from_millis(3 * STALL_MS)).await;
     let took = written.elapsed();
     assert!(
         took >= Duration::from_millis(STALL_MS) && took < Duration::from_millis(STALL_MS + 1200),
@@ -130,25 +142,7 @@ async fn a_leader_whose_publisher_cannot_publish_hands_the_lead_over() {
 #[tokio::test]
 async fn a_leader_whose_timers_all_fail_to_fire_hands_the_lead_over() {
     let nats = NatsServer::start_with_config(USERS);
-    let (stall, timeout) = (STALL_MS.to_string(), NATS_TIMEOUT_MS.to_string());
-    let failing = GatewayProcess::start_logging_to(
-        &nats.url,
-        &[
-            ("OJS_NATS_USER", "no_queues"),
-            ("OJS_NATS_PASSWORD", "no-queues-password"),
-            ("OJS_LEADER_STALL_MS", &stall),
-            ("OJS_NATS_TIMEOUT_MS", &timeout),
-        ],
-        None,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let healthy = spawn_app_with(Config {
-        nats_user: "ojs".into(),
-        nats_password: Secret("ojs-password".into()),
-        ..settings(&nats.url)
-    })
-    .await;
+    let (failing, healthy) = leader_as(&nats, ("no_queues", "no-queues-password"), None).await;
     let stalled = failing.client();
     assert!(leads(&stalled).await, "the first gateway leads");
 
@@ -158,15 +152,7 @@ async fn a_leader_whose_timers_all_fail_to_fire_hands_the_lead_over() {
         .enqueue(json!({"type": "t.later", "args": [],
             "options": {"queue": "stall-timers", "scheduled_at": "+PT1S"}}))
         .await;
-    let health = eventually(
-        Duration::from_millis(4 * STALL_MS),
-        "the stalled leader's health to say so",
-        || async {
-            let r = stalled.get("/ojs/v1/health").await;
-            (r.body["status"] == "degraded").then_some(r)
-        },
-    )
-    .await;
+    let health = degraded(&stalled, Duration::from_millis(4 * STALL_MS)).await;
     let took = due.elapsed();
     assert!(
         took >= Duration::from_millis(STALL_MS) && took < Duration::from_millis(STALL_MS + 1500),

@@ -88,6 +88,9 @@ impl Coordinator {
         loop {
             self.metrics.set_leading(leading.is_some());
             tokio::select! {
+                // At shutdown the services end too (their token is a child of `cancel`):
+                // that is not a failure.
+                biased;
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => {}
                 (service, reason) = async {

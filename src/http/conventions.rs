@@ -77,7 +77,7 @@ pub(super) async fn conventions(
                 Ok(response) => response,
                 Err(err) => {
                     warn!(%method, route, request_id, took_ms = started.elapsed().as_millis() as u64,
-                        "a request ran past its deadline and was cut; a step of it escaped the deadline");
+                        "a request ran past its deadline and was cut: a step of it was not bounded by the deadline, or the process was starved of CPU");
                     ApiError(err).into_response()
                 }
             }

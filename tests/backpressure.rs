@@ -38,6 +38,21 @@ async fn finish_one(app: &TestApp, queue: &str) {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// A PUSH into `queue` willing to wait `block_secs` for room, under way: its answer and how
+/// long it took.
+fn blocked_push(
+    app: &TestApp,
+    queue: &str,
+    block_secs: u64,
+) -> tokio::task::JoinHandle<(common::Reply, Duration)> {
+    let waiting = app.with_header("ojs-block-timeout", &block_secs.to_string());
+    let job = on(queue);
+    tokio::spawn(async move {
+        let started = Instant::now();
+        (waiting.post("/ojs/v1/jobs", job).await, started.elapsed())
+    })
+}
+
 /// Pushes `job` until it is accepted: once the leader has given back a finished job's place.
 async fn accepted_once_room(app: &TestApp, job: Value) -> String {
     eventually(Duration::from_secs(5), "a place to be given back", || {
@@ -219,14 +234,7 @@ async fn a_blocked_push_waits_for_room_and_a_dead_letter_retry_needs_a_place() {
     assert_eq!(app.job(&dead).await["state"], "discarded");
 
     // A PUSH waiting for room is accepted when the job holding the place finishes.
-    let waiting = app.with_header("ojs-block-timeout", "10");
-    let push = tokio::spawn(async move {
-        let started = Instant::now();
-        (
-            waiting.post("/ojs/v1/jobs", on("bp-block")).await,
-            started.elapsed(),
-        )
-    });
+    let push = blocked_push(&app, "bp-block", 10);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let jobs = app.fetch(&["bp-block"], "w-bp").await;
     assert_eq!(jobs[0]["id"], held.as_str());
@@ -267,14 +275,7 @@ async fn a_push_blocked_longer_than_the_request_deadline_is_admitted_when_room_c
     )
     .await;
     let held = app.enqueue(on("bp-long")).await;
-    let waiting = app.with_header("ojs-block-timeout", "5");
-    let push = tokio::spawn(async move {
-        let started = Instant::now();
-        (
-            waiting.post("/ojs/v1/jobs", on("bp-long")).await,
-            started.elapsed(),
-        )
-    });
+    let push = blocked_push(&app, "bp-long", 5);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let r = app.delete(&format!("/ojs/v1/jobs/{held}")).await;
     assert_eq!(r.status, 200, "{}", r.body);

@@ -90,6 +90,63 @@ async fn a_refused_batch_nobody_claimed_leaves_nothing() {
     assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
 }
 
+/// A PUSH whose create finds its id taken, by a refused batch's record that is rolled back
+/// before the PUSH looks at it (held at `enqueue.found_taken`), finds the id free and
+/// creates its job: 201, and the job is the PUSH's. The same look at a free key is what
+/// tells a stream leader answering from before a partition healed — which once answered
+/// 409 `duplicate` to a PUSH for its own job.
+#[tokio::test]
+async fn a_push_whose_id_is_freed_while_it_looks_at_the_holder_creates_its_job() {
+    let nats = NatsServer::start();
+    let rolling = spawn_app_with(Config {
+        failpoints: "enqueue.rolling_back=delay(1500)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let creating = spawn_app_with(Config {
+        failpoints: "enqueue.found_taken=delay(2000)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let existing = rolling.enqueue(common::job_on("elsewhere")).await;
+    let id = uuid::Uuid::now_v7().to_string();
+
+    let batch = rolling.post(
+        "/ojs/v1/jobs/batch",
+        json!({"jobs": [
+            {"type": "t.batch", "args": [], "id": id, "options": {"queue": "freed"}},
+            {"type": "t.dup", "args": [], "id": existing, "options": {"queue": "freed"}},
+        ]}),
+    );
+    let single = async {
+        // The batch's record of `id` is created and its rollback held.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        creating
+            .post(
+                "/ojs/v1/jobs",
+                json!({"type": "t.mine", "args": [], "id": id, "options": {"queue": "freed"}}),
+            )
+            .await
+    };
+    let (batch, single) = tokio::join!(batch, single);
+    batch.assert_error(409, "duplicate");
+    assert_eq!(single.status, 201, "{}", single.body);
+    assert_eq!(creating.job(&id).await["type"], "t.mine");
+    let r = creating
+        .post(
+            "/ojs/v1/workers/fetch",
+            json!({"queues": ["freed"], "count": 5, "wait_ms": 1000, "worker_id": "w"}),
+        )
+        .await;
+    let fetched: Vec<&str> = r.body["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(fetched, ["t.mine"], "{}", r.body);
+}
+
 /// A FETCH whose claim is held past its deadline (`wait_ms` + `request_deadline_ms`, the
 /// point `fetch.claiming` standing in for a NATS that does not answer) starts no write: it
 /// answers 503 with `Retry-After` in time, the job stays available, and another gateway's

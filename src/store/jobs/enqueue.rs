@@ -11,6 +11,7 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::batches::AT_ONCE;
+use super::records::{found, Lookup};
 use super::Jobs;
 use crate::domain::envelope::too_large;
 use crate::domain::error::{ErrorCode, OjsError};
@@ -200,7 +201,7 @@ impl Jobs {
     }
 
     /// Creates every record, concurrently: the revision each create wrote (`None` for a
-    /// record a worker already changed, see `created_anyway`). A batch's create that finds
+    /// record a worker already changed, see `holder`). A batch's create that finds
     /// a record left over from another batch that never committed takes its id over. If
     /// any create fails, the batch is aborted and what was created removed again.
     async fn create_records(
@@ -256,34 +257,51 @@ impl Jobs {
         Err(error)
     }
 
-    /// A create that found its key taken, looked at again: its own write after all
-    /// (`created_anyway`), or — for a batch's job — a record left over from another batch
-    /// that never committed, taken over and created again (`take_over`). `None`: taken.
+    /// A create that found its key taken, looked at again at the stream leader: its own
+    /// write after all (`holder`), a key that is free after all (created again), or — for
+    /// a batch's job — a record left over from another batch that never committed, taken
+    /// over and created again (`take_over`). `None`: taken.
+    ///
+    /// "Free" contradicts the create, whose refusal came from a replica that held a
+    /// record: the record was removed meanwhile, or the leader's word is stale. A stream
+    /// leader cut off from its peers keeps answering as leader from what it had — for up
+    /// to 10 s after the cut, and after a heal until it hears of its successor — so the
+    /// gateways connected to its node read the past (`cluster::a_gateway_cut_off…` once
+    /// answered 409 `duplicate` for its own job). The create is made again after a pause
+    /// that grows round by round; a key still both free and taken after the last is 503.
     async fn create_again(
         &self,
         rec: &JobRecord,
         bytes: &bytes::Bytes,
         in_batch: bool,
     ) -> Result<Option<Creation>, OjsError> {
-        if let Some(created) = self.created_anyway(rec, bytes).await? {
-            return Ok(Some(Ok(created)));
+        for round in 0..CREATE_AGAIN_ROUNDS {
+            self.conn.failpoint("enqueue.found_taken").await;
+            match self.holder(rec, bytes).await? {
+                Holder::This(revision) => return Ok(Some(Ok(revision))),
+                Holder::Another(found, revision) => {
+                    if !in_batch || !self.take_over(&found, revision).await? {
+                        return Ok(None);
+                    }
+                }
+                Holder::Nobody => tokio::time::sleep(Duration::from_millis(50 << round)).await,
+            }
+            match self.create_record(&rec.job.id, bytes).await {
+                Err(CreateFailure::Taken) => {}
+                creation => return Ok(Some(creation)),
+            }
         }
-        if !in_batch {
-            return Ok(None);
-        }
-        let free = match self.read(&rec.job.id, Replica::Leader).await? {
-            Some((found, revision)) => self.take_over(&found, revision).await?,
-            // Removed meanwhile.
-            None => true,
-        };
-        if !free {
-            return Ok(None);
-        }
-        Ok(Some(self.create_record(&rec.job.id, bytes).await))
+        Err(OjsError::new(
+            ErrorCode::BackendUnavailable,
+            format!(
+                "NATS kept finding the job id '{}' taken while its stream leader found it free (a partition healing); retry shortly.",
+                rec.job.id
+            ),
+        ))
     }
 
     /// Creates a record, again while NATS does not answer (`deadline.rs`). A create that
-    /// landed with its answer lost then finds its key taken: `created_anyway` tells.
+    /// landed with its answer lost then finds its key taken: `create_again` tells.
     async fn create_record(&self, id: &str, bytes: &bytes::Bytes) -> Creation {
         let doing = "creating a job record";
         let said = answered(doing, || self.own.kv.create(id, bytes.clone()))
@@ -299,35 +317,32 @@ impl Jobs {
         }
     }
 
-    /// Whether a create that found its key taken was taken by this very create: its first
-    /// answer was lost (a stream leader change under a write that landed) and async-nats,
-    /// reading the key before giving up, found the record — untouched (its revision), or
-    /// already claimed through the queue message published before it (`None`). A job of
-    /// another PUSH differs in its creation time.
-    async fn created_anyway(
-        &self,
-        rec: &JobRecord,
-        bytes: &bytes::Bytes,
-    ) -> Result<Option<Option<u64>>, OjsError> {
-        // At the leader: the key was just found taken there, and a replica catching up (a
-        // node rejoining after a partition) may not have the record yet.
-        let Some(last) =
-            cas::last(&self.own.kv, &rec.job.id, Replica::Leader, "reading a job").await?
+    /// Who holds the key of a create that found it taken, read at the stream leader. This
+    /// very create when its first answer was lost (a stream leader change under a write
+    /// that landed) and async-nats, reading the key before giving up, found the record —
+    /// untouched (its revision), or already claimed through the queue message published
+    /// before it (`None`). A job of another PUSH differs in its creation time.
+    async fn holder(&self, rec: &JobRecord, bytes: &bytes::Bytes) -> Result<Holder, OjsError> {
+        // At the leader: a replica catching up (a node rejoining after a partition) may
+        // not have the record yet.
+        let id = &rec.job.id;
+        let Some(last) = cas::last(&self.own.kv, id, Replica::Leader, "reading a job").await?
         else {
-            return Ok(None);
+            return Ok(Holder::Nobody);
         };
-        let Some(value) = last.value else {
-            return Ok(None);
-        };
-        if value == bytes {
-            return Ok(Some(Some(last.revision)));
+        if last.value.as_ref() == Some(bytes) {
+            return Ok(Holder::This(Some(last.revision)));
         }
-        let Ok(stored) = serde_json::from_slice::<JobRecord>(&value) else {
-            return Ok(None);
-        };
-        let ours =
-            stored.job.created_at.timestamp_millis() == rec.job.created_at.timestamp_millis();
-        Ok(ours.then_some(None))
+        Ok(match found(id, last.value.as_deref(), last.revision)? {
+            Lookup::Found(stored, _)
+                if stored.job.created_at.timestamp_millis()
+                    == rec.job.created_at.timestamp_millis() =>
+            {
+                Holder::This(None)
+            }
+            Lookup::Found(stored, revision) => Holder::Another(stored, revision),
+            Lookup::Removed | Lookup::Missing => Holder::Nobody,
+        })
     }
 
     /// Removes the records a refused batch created, each at the revision its create wrote.
@@ -352,8 +367,21 @@ fn lanes(records: &[JobRecord]) -> BTreeSet<(&str, i32)> {
 }
 
 /// A record's create: the revision it wrote (`None`: already changed by a worker, see
-/// `created_anyway`), or why it failed.
+/// `holder`), or why it failed.
 type Creation = Result<Option<u64>, CreateFailure>;
+
+/// How many times `create_again` looks at a taken key and creates again.
+const CREATE_AGAIN_ROUNDS: u32 = 6;
+
+/// Who holds a job id whose create found it taken (`Jobs::holder`).
+enum Holder {
+    /// This create: the revision it wrote, `None` once a worker changed the record.
+    This(Option<u64>),
+    /// Another job's record, at its revision.
+    Another(Box<JobRecord>, u64),
+    /// No record: removed meanwhile, or a stale leader's word.
+    Nobody,
+}
 
 /// Why a record's create failed.
 enum CreateFailure {

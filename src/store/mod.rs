@@ -11,6 +11,7 @@ mod dead_letter;
 pub mod deadline;
 mod error;
 mod events;
+mod feed;
 mod jobs;
 mod leader;
 mod lease;

@@ -13,6 +13,7 @@ use crate::domain::job::JobRecord;
 use crate::domain::state::JobState;
 use crate::store::error::backend;
 use crate::store::events::BATCH;
+use crate::store::feed;
 use crate::store::jobs::records::{REMOVED_QUEUE, REMOVED_STATE};
 use crate::store::topology::Topology;
 
@@ -129,8 +130,7 @@ impl Leader {
             }
             Err(err) => return Err(backend("opening the job-write feed")(err)),
         };
-        let messages = consumer
-            .messages()
+        let messages = feed::renewed(consumer, "job writes")
             .await
             .map_err(backend("reading the job-write feed"))?;
         Ok(JobWrites {

@@ -18,6 +18,7 @@ use crate::domain::job::JobRecord;
 use crate::domain::lifecycle::{self, Deadline};
 use crate::store::cas::{self, Replica};
 use crate::store::error::{backend, consumer_missing, nats_failed};
+use crate::store::feed;
 use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
 use crate::store::timers::{Timer, TimerKind};
 use crate::store::topology::Topology;
@@ -176,13 +177,10 @@ impl Leader {
             })
             .await
             .map_err(backend("creating the timer consumer"))?;
-        let messages = consumer
-            .messages()
+        let messages = feed::renewed(consumer, "timers")
             .await
             .map_err(backend("reading timers"))?;
-        Ok(TimerFeed {
-            messages: messages.boxed(),
-        })
+        Ok(TimerFeed { messages })
     }
 
     /// Fires a due timer. Stale timers, and timers of jobs that no longer exist (an admin

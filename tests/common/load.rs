@@ -39,6 +39,8 @@ pub struct Seen {
     pub slowest: (Duration, &'static str, u16),
     /// How long each request took, by what it was.
     pub latencies: BTreeMap<&'static str, Vec<Duration>>,
+    /// Jobs still unfinished `LATE` into the drain.
+    pub late: Vec<String>,
 }
 
 impl Seen {
@@ -166,9 +168,14 @@ impl Seen {
     }
 }
 
+/// How long after the faults every accepted job must be done: a queue message that a
+/// gateway cut off from its consumer's leader handed back (the hand-back lost with the
+/// partition) is delivered again only after the queue's AckWait, 60 s from its delivery.
+const DRAIN: Duration = Duration::from_secs(60);
+
 /// Puts the load on through `a` and `b` (each enqueues; `b` fetches first) while `faults`
 /// runs; once it is done, stops enqueueing, lets the enqueue in flight finish (it may be
-/// waiting out an election) and waits up to a minute for every accepted job, scheduled
+/// waiting out an election) and waits up to `DRAIN` for every accepted job, scheduled
 /// jobs and retries too, to be acked. What `faults` returned.
 pub async fn through_faults<T>(
     a: &TestApp,
@@ -187,7 +194,7 @@ pub async fn through_faults<T>(
     };
     let producing = async {
         let (outcome, ()) = tokio::join!(faults, produce(&producers, seen, &stop_producing));
-        drained(seen, Duration::from_secs(60)).await;
+        drained(seen, DRAIN).await;
         stop_working.store(true, Ordering::Relaxed);
         outcome
     };
@@ -350,12 +357,18 @@ async fn state_of(gateway: &TestApp, id: &str) -> Value {
     panic!("job {id} could not be read");
 }
 
-/// Prints what `gateway` says of each accepted job that was never acked, for a failing run.
+/// Prints what `gateway` says of each job late in the drain and of each accepted job that
+/// was never acked (then also the timers), for a slow or failing run.
 pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp, nats_url: &str) {
-    let unfinished: Vec<String> = {
+    let (unfinished, late): (Vec<String>, Vec<String>) = {
         let seen = seen.lock().unwrap();
-        seen.accepted.difference(&seen.acked).cloned().collect()
+        let unfinished = seen.accepted.difference(&seen.acked).cloned().collect();
+        (unfinished, seen.late.clone())
     };
+    for id in &late {
+        let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
+        println!("late {id}: {} {}", r.status, r.body);
+    }
     if unfinished.is_empty() {
         return;
     }
@@ -370,11 +383,7 @@ pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp, nats_url
 /// promotion has its timer stored, and whether the leader's consumer delivered it and
 /// waits for its acknowledgement.
 async fn describe_timers(nats_url: &str) {
-    let Ok(client) = async_nats::connect(nats_url).await else {
-        println!("timers: NATS not reachable");
-        return;
-    };
-    let js = async_nats::jetstream::new(client);
+    let js = async_nats::jetstream::new(super::connect(nats_url).await);
     let mut names = js.stream_names();
     while let Some(Ok(name)) = names.next().await {
         if !name.ends_with("-timers") {
@@ -402,17 +411,28 @@ async fn describe_timers(nats_url: &str) {
     }
 }
 
-/// Waits until every accepted job is acked, at most `within`.
+/// How long into the drain a job still unfinished is worth a look (`describe_unfinished`).
+const LATE: Duration = Duration::from_secs(15);
+
+/// Waits until every accepted job is acked, at most `within`, and says how long it took;
+/// notes the jobs still unfinished `LATE` into it.
 pub async fn drained(seen: &Mutex<Seen>, within: Duration) {
-    let deadline = Instant::now() + within;
+    let started = Instant::now();
     loop {
-        let done = {
-            let seen = seen.lock().unwrap();
-            seen.accepted.is_subset(&seen.acked)
-        };
-        if done || Instant::now() > deadline {
+        let mut seen = seen.lock().unwrap();
+        let unfinished: Vec<String> = seen.accepted.difference(&seen.acked).cloned().collect();
+        if seen.late.is_empty() && started.elapsed() > LATE {
+            seen.late = unfinished.clone();
+        }
+        if unfinished.is_empty() || started.elapsed() > within {
+            println!(
+                "drained in {:?}: {} unfinished",
+                started.elapsed(),
+                unfinished.len()
+            );
             return;
         }
+        drop(seen);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -168,7 +168,7 @@ impl Drop for NatsServer {
 }
 
 /// A NATS client for `url` (one or more servers, comma-separated).
-async fn connect(url: &str) -> async_nats::Client {
+pub async fn connect(url: &str) -> async_nats::Client {
     async_nats::connect(url.split(',').collect::<Vec<_>>())
         .await
         .expect("a NATS connection")

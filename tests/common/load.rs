@@ -419,20 +419,21 @@ const LATE: Duration = Duration::from_secs(15);
 pub async fn drained(seen: &Mutex<Seen>, within: Duration) {
     let started = Instant::now();
     loop {
-        let mut seen = seen.lock().unwrap();
-        let unfinished: Vec<String> = seen.accepted.difference(&seen.acked).cloned().collect();
-        if seen.late.is_empty() && started.elapsed() > LATE {
-            seen.late = unfinished.clone();
-        }
-        if unfinished.is_empty() || started.elapsed() > within {
+        let unfinished = {
+            let mut seen = seen.lock().unwrap();
+            let unfinished: Vec<String> = seen.accepted.difference(&seen.acked).cloned().collect();
+            if seen.late.is_empty() && started.elapsed() > LATE {
+                seen.late = unfinished.clone();
+            }
+            unfinished.len()
+        };
+        if unfinished == 0 || started.elapsed() > within {
             println!(
-                "drained in {:?}: {} unfinished",
-                started.elapsed(),
-                unfinished.len()
+                "drained in {:?}: {unfinished} unfinished",
+                started.elapsed()
             );
             return;
         }
-        drop(seen);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -365,18 +365,15 @@ pub async fn describe_unfinished(seen: &Mutex<Seen>, gateway: &TestApp, nats_url
         let unfinished = seen.accepted.difference(&seen.acked).cloned().collect();
         (unfinished, seen.late.clone())
     };
-    for id in &late {
-        let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
-        println!("late {id}: {} {}", r.status, r.body);
+    for (what, ids) in [("late", &late), ("unfinished", &unfinished)] {
+        for id in ids {
+            let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
+            println!("{what} {id}: {} {}", r.status, r.body);
+        }
     }
-    if unfinished.is_empty() {
-        return;
+    if !unfinished.is_empty() {
+        describe_timers(nats_url).await;
     }
-    for id in unfinished {
-        let r = gateway.get(&format!("/ojs/v1/jobs/{id}")).await;
-        println!("unfinished {id}: {} {}", r.status, r.body);
-    }
-    describe_timers(nats_url).await;
 }
 
 /// Prints the timers stream and its consumers: whether a job waiting for its retry or

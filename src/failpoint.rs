@@ -4,6 +4,7 @@
 //! every point is a no-op that costs one emptiness check. Never set in production.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,15 +17,18 @@ pub enum Action {
     Exit,
     /// The task at the point waits this long, as a slow NATS or a descheduled process would.
     Delay(Duration),
+    /// The first N times the point is reached, the message its task just received is lost,
+    /// as one in flight on a connection that died (`Failpoints::loses`).
+    Lose(u32),
 }
 
-/// The armed points of one gateway.
+/// The armed points of one gateway, each with how often it was reached.
 #[derive(Debug, Clone, Default)]
-pub struct Failpoints(Arc<HashMap<String, Action>>);
+pub struct Failpoints(Arc<HashMap<String, (Action, AtomicU32)>>);
 
 impl Failpoints {
-    /// Reads `name=action` pairs separated by commas; the actions are `panic`, `exit` and
-    /// `delay(MS)`.
+    /// Reads `name=action` pairs separated by commas; the actions are `panic`, `exit`,
+    /// `delay(MS)` and `lose(N)`.
     ///
     /// # Errors
     /// The first pair that does not read, as a reason.
@@ -37,16 +41,27 @@ impl Failpoints {
             let action = match action.trim() {
                 "panic" => Action::Panic,
                 "exit" => Action::Exit,
-                other => other
-                    .strip_prefix("delay(")
-                    .and_then(|rest| rest.strip_suffix(')'))
-                    .and_then(|ms| ms.parse().ok())
-                    .map(|ms| Action::Delay(Duration::from_millis(ms)))
-                    .ok_or_else(|| {
-                        format!("unknown action {other:?} (panic, exit or delay(MS))")
-                    })?,
+                other => {
+                    let argument = |action: &str| {
+                        other
+                            .strip_prefix(action)
+                            .and_then(|rest| rest.strip_prefix('('))
+                            .and_then(|rest| rest.strip_suffix(')'))
+                    };
+                    let delay = argument("delay").and_then(|ms| ms.parse().ok());
+                    let lose = argument("lose").and_then(|n| n.parse().ok());
+                    match (delay, lose) {
+                        (Some(ms), _) => Action::Delay(Duration::from_millis(ms)),
+                        (_, Some(n)) => Action::Lose(n),
+                        _ => {
+                            return Err(format!(
+                                "unknown action {other:?} (panic, exit, delay(MS) or lose(N))"
+                            ))
+                        }
+                    }
+                }
             };
-            points.insert(name.trim().to_owned(), action);
+            points.insert(name.trim().to_owned(), (action, AtomicU32::new(0)));
         }
         Ok(Failpoints(Arc::new(points)))
     }
@@ -56,14 +71,26 @@ impl Failpoints {
         if self.0.is_empty() {
             return;
         }
-        match self.0.get(name) {
+        match self.0.get(name).map(|(action, _)| action) {
             Some(Action::Panic) => panic!("failpoint {name} reached"),
             Some(Action::Exit) => {
                 eprintln!("failpoint {name} reached: exiting");
                 std::process::exit(86)
             }
             Some(Action::Delay(pause)) => tokio::time::sleep(*pause).await,
-            None => {}
+            Some(Action::Lose(_)) | None => {}
+        }
+    }
+
+    /// Whether the task at `name` is to drop the message it just received: the first N
+    /// times a point armed with `lose(N)` asks.
+    pub fn loses(&self, name: &str) -> bool {
+        if self.0.is_empty() {
+            return false;
+        }
+        match self.0.get(name) {
+            Some((Action::Lose(n), reached)) => reached.fetch_add(1, Ordering::Relaxed) < *n,
+            _ => false,
         }
     }
 }
@@ -74,13 +101,12 @@ mod tests {
 
     #[tokio::test]
     async fn reads_points_and_refuses_garbage() {
-        let points = Failpoints::parse(" a.b=panic, c=exit , d=delay(250)").unwrap();
-        assert_eq!(points.0.get("a.b"), Some(&Action::Panic));
-        assert_eq!(points.0.get("c"), Some(&Action::Exit));
-        assert_eq!(
-            points.0.get("d"),
-            Some(&Action::Delay(Duration::from_millis(250)))
-        );
+        let points = Failpoints::parse(" a.b=panic, c=exit , d=delay(250), e=lose(2)").unwrap();
+        let action = |name| points.0.get(name).map(|(action, _)| *action);
+        assert_eq!(action("a.b"), Some(Action::Panic));
+        assert_eq!(action("c"), Some(Action::Exit));
+        assert_eq!(action("d"), Some(Action::Delay(Duration::from_millis(250))));
+        assert_eq!(action("e"), Some(Action::Lose(2)));
         points.hit("not.armed").await;
         assert!(Failpoints::parse("").unwrap().0.is_empty());
         for bad in [
@@ -90,6 +116,9 @@ mod tests {
             "a=delay()",
             "a=delay(-1)",
             "a=delay(1",
+            "a=lose",
+            "a=lose(-1)",
+            "a=delays(1)",
         ] {
             assert!(Failpoints::parse(bad).is_err(), "{bad}");
         }
@@ -99,6 +128,15 @@ mod tests {
     #[should_panic(expected = "failpoint a reached")]
     async fn an_armed_panic_point_panics() {
         Failpoints::parse("a=panic").unwrap().hit("a").await;
+    }
+
+    #[test]
+    fn a_lose_point_loses_its_first_n_messages_only() {
+        let points = Failpoints::parse("a=lose(2),b=delay(1)").unwrap();
+        let lost: Vec<bool> = (0..4).map(|_| points.loses("a")).collect();
+        assert_eq!(lost, [true, true, false, false]);
+        assert!(!points.loses("b"));
+        assert!(!points.loses("not.armed"));
     }
 
     #[tokio::test]

@@ -188,6 +188,41 @@ async fn a_redelivered_timer_is_held_once() {
     assert_eq!(metric(&app, "ojs_timers_held").await, 0);
 }
 
+/// A timer delivery lost on the way (`timers.delivered=lose(1)`: the first delivery is
+/// dropped, as one in flight on a connection or at a consumer leader that went down) is
+/// not left for the AckWait of over two minutes: the next delivery's consumer sequence
+/// shows the gap, and the scheduler reads every pending timer again. Both jobs are promoted
+/// on time.
+#[tokio::test]
+async fn a_timer_delivery_lost_on_the_way_comes_again_once_the_next_one_shows_the_gap() {
+    let _measuring = common::measuring();
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "timers.delivered=lose(1)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let lost = app
+        .enqueue(json!({"type": "t.s", "args": [1], "options": {"queue": "lost", "scheduled_at": at(1500)}}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = app
+        .enqueue(json!({"type": "t.s", "args": [2], "options": {"queue": "lost", "scheduled_at": at(1500)}}))
+        .await;
+    for id in [lost, next] {
+        let job = eventually(Duration::from_secs(5), "the job promoted", || async {
+            let job = app.job(&id).await;
+            (job["state"] == "available").then_some(job)
+        })
+        .await;
+        let late = ts(&job["enqueued_at"]) - ts(&job["scheduled_at"]);
+        assert!(
+            (0..=1000).contains(&late.num_milliseconds()),
+            "promoted {late:?} after its time"
+        );
+    }
+}
+
 /// Past `max_pending_timers`, PUSH of a job needing a timer gets 429 `queue_full` and writes
 /// nothing; jobs needing none, retries and worker timers still go through.
 #[tokio::test]

@@ -143,6 +143,11 @@ impl Connection {
         self.failpoints.hit(name).await;
     }
 
+    /// Whether the test set the failpoint `name` to lose the message just received here.
+    pub(super) fn loses(&self, name: &str) -> bool {
+        self.failpoints.loses(name)
+    }
+
     /// The largest job PUSH accepts: the record limit less the room a record may grow by
     /// after PUSH (`lifecycle::RECORD_HEADROOM`).
     pub(super) fn max_job_bytes(&self) -> usize {

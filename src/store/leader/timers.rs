@@ -2,7 +2,7 @@
 //! due (promotions, retries, expiries, deadlines, batch, workflow and worker timers) and
 //! arming the deadlines of jobs the event publisher sees start.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
@@ -17,6 +17,7 @@ use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::JobRecord;
 use crate::domain::lifecycle::{self, Deadline};
 use crate::store::cas::{self, Replica};
+use crate::store::connection::Connection;
 use crate::store::error::{backend, consumer_missing, nats_failed};
 use crate::store::feed;
 use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
@@ -82,10 +83,20 @@ pub struct TimerFeed {
         'static,
         Result<async_nats::jetstream::Message, pull::MessagesError>,
     >,
+    /// The consumer sequence of the latest delivery read. The consumer numbers its
+    /// deliveries one by one, so a jump says the ones between were lost on the way.
+    last_delivery: u64,
+    conn: Arc<Connection>,
 }
 
 impl TimerFeed {
-    /// The next pending timer; `None` when the feed ended.
+    /// The next pending timer; `None` when the feed ended, or when a delivery was lost on
+    /// the way (its consumer is then made again, which delivers every pending timer anew).
+    ///
+    /// A delivery in flight when the reader's connection or the consumer's leader goes down
+    /// is lost, and counts as pending until the AckWait (over two minutes): a retry's
+    /// timer so lost once held its job past a rolling restart's drain. The next delivery
+    /// shows the gap.
     pub async fn next(&mut self) -> Option<PendingTimer> {
         loop {
             let msg = match self.messages.next().await? {
@@ -98,12 +109,25 @@ impl TimerFeed {
             let Some(reply) = msg.reply.as_ref() else {
                 continue;
             };
-            let Ok((sequence, published)) = msg
+            let Ok((sequence, delivery, published)) = msg
                 .info()
-                .map(|info| (info.stream_sequence, info.published))
+                .map(|info| (info.stream_sequence, info.consumer_sequence, info.published))
             else {
                 continue;
             };
+            if self.conn.loses("timers.delivered") {
+                continue;
+            }
+            // A delivery numbered again after a consumer leader change is no gap.
+            let lost = delivery.saturating_sub(self.last_delivery + 1);
+            self.last_delivery = self.last_delivery.max(delivery);
+            if lost > 0 {
+                warn!(
+                    lost,
+                    "timer deliveries were lost on the way; reading every pending timer again"
+                );
+                return None;
+            }
             let stored_at = DateTime::from_timestamp_nanos(published.unix_timestamp_nanos() as i64);
             match serde_json::from_slice::<Timer>(&msg.payload) {
                 Ok(timer) => {
@@ -180,7 +204,11 @@ impl Leader {
         let messages = feed::renewed(consumer, "timers")
             .await
             .map_err(backend("reading timers"))?;
-        Ok(TimerFeed { messages })
+        Ok(TimerFeed {
+            messages,
+            last_delivery: 0,
+            conn: self.conn.clone(),
+        })
     }
 
     /// Fires a due timer. Stale timers, and timers of jobs that no longer exist (an admin

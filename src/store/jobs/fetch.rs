@@ -22,7 +22,7 @@ use crate::domain::requests::FetchRequest;
 use crate::domain::state::JobState;
 use crate::store::cas::{pause_after, Cas, Replica, MAX_CAS_ATTEMPTS};
 use crate::store::deadline;
-use crate::store::queues::puller::Puller;
+use crate::store::queues::puller::{release_confirmed, Puller};
 use crate::store::queues::registry::LANE_RETRY;
 
 /// Longest a claim waits for the record a PUSH through this gateway is still creating.
@@ -95,8 +95,9 @@ enum Claimed {
 const SLOT_RECHECK: Duration = Duration::from_millis(50);
 
 /// Adds a claim's outcome to `got`; a message whose claim failed is released for another
-/// fetch, and the failure reported only if nothing was claimed.
-async fn record_claim(
+/// fetch (confirmed: claims fail when NATS does, and a plain NAK is lost then), and the
+/// failure reported only if nothing was claimed.
+fn record_claim(
     msg: &async_nats::jetstream::Message,
     claim: Result<Claimed, OjsError>,
     got: &mut Claims,
@@ -105,7 +106,7 @@ async fn record_claim(
         Ok(Claimed::Job(job)) => got.jobs.push(*job),
         Ok(Claimed::Nothing | Claimed::Limited) => {}
         Err(err) => {
-            settle(msg, AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            release_confirmed(msg, Some(Duration::from_secs(1)));
             got.failure.get_or_insert(err);
         }
     }
@@ -172,7 +173,7 @@ impl Jobs {
                     let claim = self
                         .claim(&msg, queue, *priority, req, deadline, limits)
                         .await;
-                    record_claim(&msg, claim, &mut got).await;
+                    record_claim(&msg, claim, &mut got);
                 } else {
                     settle(&msg, AckKind::Nak(None)).await;
                 }
@@ -276,7 +277,7 @@ impl Jobs {
                         .map(|msg| self.claim(msg, queue, priority, req, deadline, limits));
                     for (msg, claim) in delivered.iter().zip(join_all(claims).await) {
                         spent |= matches!(claim, Ok(Claimed::Limited));
-                        record_claim(msg, claim, got).await;
+                        record_claim(msg, claim, got);
                     }
                     if spent {
                         break 'lanes;

@@ -249,18 +249,18 @@ async fn run(
                             Some(r) => {
                                 r.got.push(msg);
                                 if r.got.len() >= r.want {
-                                    finish(round.take(), &mut waiters).await;
+                                    finish(round.take(), &mut waiters);
                                 }
                             }
                             // A late delivery to an old pull.
-                            None => wake_one(msg, &mut waiters).await,
+                            None => wake_one(msg, &mut waiters),
                         }
                     }
                     // The end of this pull (no messages, expired, or refused); other pulls'
                     // statuses are not ours to act on.
                     Some(_) => {
                         if round.as_ref().is_some_and(|r| r.reply == msg.subject.as_str()) {
-                            finish(round.take(), &mut waiters).await;
+                            finish(round.take(), &mut waiters);
                         }
                     }
                 }
@@ -277,7 +277,7 @@ async fn run(
                                 wait_pulls.pop_front();
                             }
                         }
-                        wake_one(pulls.message(msg), &mut waiters).await;
+                        wake_one(pulls.message(msg), &mut waiters);
                     }
                     Some(status) => {
                         let before = wait_pulls.len();
@@ -296,7 +296,7 @@ async fn run(
                 }
             }
             _ = sleep_until(round_deadline), if round_deadline.is_some() => {
-                finish(round.take(), &mut waiters).await;
+                finish(round.take(), &mut waiters);
             }
             _ = sleep_until(wake), if wake.is_some() => {
                 refused_until = refused_until.filter(|t| *t > Instant::now());
@@ -319,24 +319,24 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Hands a round's messages out in arrival order, to its fetches in arrival order; what
 /// nobody takes goes to a waiter or back to the stream.
-async fn finish(round: Option<Round>, waiters: &mut VecDeque<Waiter>) {
+fn finish(round: Option<Round>, waiters: &mut VecDeque<Waiter>) {
     let Some(round) = round else { return };
     let mut messages = round.got.into_iter();
     for (want, reply) in round.fetches {
         let share: Vec<_> = messages.by_ref().take(want).collect();
         if let Err(unwanted) = reply.send(share) {
             for msg in unwanted {
-                wake_one(msg, waiters).await;
+                wake_one(msg, waiters);
             }
         }
     }
     for msg in messages {
-        wake_one(msg, waiters).await;
+        wake_one(msg, waiters);
     }
 }
 
 /// Gives the message to the oldest live waiter, or releases it.
-async fn wake_one(msg: jetstream::Message, waiters: &mut VecDeque<Waiter>) {
+fn wake_one(msg: jetstream::Message, waiters: &mut VecDeque<Waiter>) {
     let mut msg = msg;
     while let Some(w) = waiters.pop_front() {
         match w.sink.send((w.tag, msg)) {
@@ -344,12 +344,51 @@ async fn wake_one(msg: jetstream::Message, waiters: &mut VecDeque<Waiter>) {
             Err(mpsc::error::SendError((_, back))) => msg = back,
         }
     }
-    release(msg).await;
+    release(msg);
 }
 
 /// A message nobody asked for any more goes straight back to the stream.
-async fn release(msg: jetstream::Message) {
-    if let Err(err) = msg.ack_with(AckKind::Nak(None)).await {
-        warn!(error = %err, "could not release a late queue message");
-    }
+fn release(msg: jetstream::Message) {
+    release_confirmed(&msg, None);
+}
+
+/// How long `release_confirmed` asks before leaving the message to its AckWait.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
+/// How long one ask waits for the consumer's confirmation.
+const RELEASE_ANSWER: Duration = Duration::from_secs(1);
+
+/// Puts a delivered queue message back, to be delivered again after `delay` (at once when
+/// `None`), asking in the background until the consumer's leader confirms, for up to
+/// `RELEASE_PATIENCE`. A plain NAK sent while the consumer elects a leader (a node restart,
+/// a partition healing) reaches nobody, and its message waits out the queue's AckWait
+/// (60 s): after a partition healed, a job so released waited that long. A NAK that lands
+/// after the message went to another FETCH only sends it out once more, which that claim
+/// meets as a redelivery of a started job.
+pub(in crate::store) fn release_confirmed(msg: &jetstream::Message, delay: Option<Duration>) {
+    let Some(reply) = msg.reply.clone() else {
+        return;
+    };
+    let client = msg.context.client();
+    tokio::spawn(async move {
+        let give_up = Instant::now() + RELEASE_PATIENCE;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let nak = bytes::Bytes::from(AckKind::Nak(delay));
+            let asked = tokio::time::timeout(RELEASE_ANSWER, client.request(reply.clone(), nak));
+            let error = match asked.await {
+                Ok(Ok(_)) => return,
+                Ok(Err(err)) => err.to_string(),
+                Err(_) => "no confirmation in time".to_owned(),
+            };
+            if Instant::now() + pause >= give_up {
+                warn!(
+                    error,
+                    "could not release a queue message; it comes back after its AckWait"
+                );
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    });
 }

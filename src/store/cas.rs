@@ -4,13 +4,16 @@
 //! records have their own loop (`transitions.rs`, `fetch.rs`): their writes carry trails,
 //! a size check and what must be stored first.
 
+use std::time::Duration;
+
 use async_nats::jetstream::kv;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::time::Instant;
 
-use super::deadline::answered;
+use super::deadline::{self, answered};
 use super::error::{nats_failed, refusal, Refused};
 use crate::domain::error::{ErrorCode, OjsError};
 
@@ -136,34 +139,52 @@ pub(super) async fn landed(
     ours: impl Fn(Option<&Bytes>) -> bool,
 ) -> Result<Cas, OjsError> {
     let subject = format!("{}{key}", kv.prefix);
-    let said = answered(doing, || {
-        kv.stream
-            .raw_message_builder()
-            .sequence(since + 1)
-            .next_by_subject(subject.clone())
-            .send()
-    })
-    .await?;
-    match said.said {
-        Ok(first) => {
-            // A put carries no operation header; deletes and purges name theirs.
-            let value = first
-                .headers
-                .get("KV-Operation")
-                .is_none()
-                .then_some(&first.payload);
-            Ok(if ours(value) {
-                Cas::Written(first.sequence)
-            } else {
-                Cas::Refused(Refused::Outdated)
-            })
+    let mut pause = STALE_LEADER_PAUSE;
+    loop {
+        let said = answered(doing, || {
+            kv.stream
+                .raw_message_builder()
+                .sequence(since + 1)
+                .next_by_subject(subject.clone())
+                .send()
+        })
+        .await?;
+        match said.said {
+            Ok(first) => {
+                // A put carries no operation header; deletes and purges name theirs.
+                let value = first
+                    .headers
+                    .get("KV-Operation")
+                    .is_none()
+                    .then_some(&first.payload);
+                return Ok(if ours(value) {
+                    Cas::Written(first.sequence)
+                } else {
+                    Cas::Refused(Refused::Outdated)
+                });
+            }
+            // The refusal said the key moved past `since`, yet the leader has no write after
+            // it: every write of the key was purged (a pruned job), or the leader answers
+            // from before the write (one cut off by a partition does until it hears of its
+            // successor), which is asked again until the deadline.
+            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                if last(kv, key, Replica::Leader, doing).await?.is_none() {
+                    return Ok(Cas::Refused(Refused::Outdated));
+                }
+                if Instant::now() + pause >= deadline::current() {
+                    return Err(deadline::out_of_time(doing));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(err) => return Err(nats_failed(doing, err)),
         }
-        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-            Ok(Cas::Refused(Refused::Outdated))
-        }
-        Err(err) => Err(nats_failed(doing, err)),
     }
 }
+
+/// The first pause before `landed` asks a stream leader that answered from before a write
+/// again.
+const STALE_LEADER_PAUSE: Duration = Duration::from_millis(50);
 
 /// Before the next round after a refused write: none after an outdated revision (read
 /// again at once, from the leader), a pause growing from 10 ms to 320 ms while another

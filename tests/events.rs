@@ -5,8 +5,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{eventually, job_on, spawn_app, NatsServer};
+use common::{eventually, job_on, spawn_app, spawn_app_with, test_config, NatsServer};
 use futures::StreamExt;
+use ojs_jetstream::config::Config;
 use serde_json::{json, Value};
 
 async fn events_of(app: &common::TestApp, query: &str, want: usize) -> Vec<Value> {
@@ -124,6 +125,39 @@ async fn filters_limits_and_cursors_page_through_events() {
     app.get("/ojs/v1/events?after=yesterday")
         .await
         .assert_error(400, "invalid_request");
+}
+
+/// A job write whose delivery to the event publisher was lost on the way
+/// (`job_writes.delivered=lose(1)`: the first is dropped, as one in flight on a connection
+/// or at a consumer leader that went down) is not acknowledged with the next: the next
+/// delivery shows the gap, the leadership ends, and the next one reads from the last write
+/// acknowledged. The only write of the first job still has its event.
+#[tokio::test]
+async fn a_job_write_lost_on_the_way_to_the_publisher_is_read_again_by_the_next_leadership() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "job_writes.delivered=lose(1)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let first = app.enqueue(job_on("lostw")).await;
+    let second = app.enqueue(job_on("lostw")).await;
+    let events = eventually(Duration::from_secs(15), "both enqueued events", || async {
+        let r = app.get("/ojs/v1/events?queues=lostw").await;
+        let events = r.body["events"].as_array().cloned().unwrap_or_default();
+        (events.len() >= 2).then_some(events)
+    })
+    .await;
+    let subjects: Vec<_> = events
+        .iter()
+        .map(|e| e["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, [first.as_str(), second.as_str()]);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("ojs_leader_service_failures_total{service=\"event_publisher\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@ use crate::domain::spans::JobSpan;
 use crate::domain::stats::Change;
 use crate::domain::totals::Tally;
 use crate::domain::workflow;
-use crate::store::{ended_lock, JobWrite, JobWrites, Store};
+use crate::store::{ended_lock, JobWrite, JobWrites, LostDeliveries, Store};
 use crate::telemetry::logs;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
@@ -50,6 +50,15 @@ async fn until_done<F: Future<Output = Result<(), OjsError>>>(
         }
     }
     true
+}
+
+/// The round's end when job writes were lost on the way: said once, here.
+fn deliveries_lost(lost: LostDeliveries) -> Round {
+    warn!(
+        lost = lost.0,
+        "job-write deliveries were lost on the way; this leadership ends so that the next reads them again"
+    );
+    Round::Lost
 }
 
 pub struct EventPublisher {
@@ -157,7 +166,9 @@ impl EventPublisher {
                 match self.run_once(&mut feed, &cancel, &pulse).await {
                     Round::Handled => {}
                     Round::Closed => break,
-                    Round::Cancelled => return,
+                    // The coordinator steps down; the next leadership reads on from the
+                    // last write acknowledged (`take_over_job_writes`).
+                    Round::Cancelled | Round::Lost => return,
                 }
             }
         }
@@ -203,7 +214,11 @@ impl EventPublisher {
                 _ = cancel.cancelled() => return Round::Cancelled,
                 batch = feed.writes.next_batch() => {
                     pulse.working();
-                    let Some(batch) = batch else { return Round::Closed };
+                    let batch = match batch {
+                        Some(Ok(batch)) => batch,
+                        Some(Err(lost)) => return deliveries_lost(lost),
+                        None => return Round::Closed,
+                    };
                     match self.publish(batch, &mut feed.watch, cancel).await {
                         Some(published) => {
                             pulse.progressed();
@@ -216,6 +231,7 @@ impl EventPublisher {
             },
         };
         let mut closed = false;
+        let mut lost = None;
         if let Some(Published { books, last }) = published {
             let store = self.store.clone();
             let kept = keep_books(&store, cancel, books);
@@ -224,11 +240,17 @@ impl EventPublisher {
                 biased;
                 kept = &mut kept => kept,
                 batch = feed.writes.next_batch() => match batch {
-                    Some(batch) => {
+                    Some(Ok(batch)) => {
                         let (kept, ahead) =
                             tokio::join!(&mut kept, self.publish(batch, &mut feed.watch, cancel));
                         feed.ahead = ahead;
                         kept && feed.ahead.is_some()
+                    }
+                    // This batch came before the lost deliveries: its books are kept and
+                    // it is acknowledged below; nothing after it is.
+                    Some(Err(deliveries)) => {
+                        lost = Some(deliveries);
+                        (&mut kept).await
                     }
                     None => {
                         closed = true;
@@ -270,6 +292,9 @@ impl EventPublisher {
         if let Some(w) = through {
             w.done_through().await;
             self.store.leader().announce_handled(w.revision).await;
+        }
+        if let Some(lost) = lost {
+            return deliveries_lost(lost);
         }
         if closed {
             return Round::Closed;

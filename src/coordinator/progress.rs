@@ -18,6 +18,10 @@ pub enum Round {
     Closed,
     /// The leadership ended.
     Cancelled,
+    /// Deliveries were lost on the way, and this leadership cannot go on from where it is:
+    /// the service ends, so that the coordinator steps down and the next leadership reads
+    /// on from what was acknowledged.
+    Lost,
 }
 
 /// A service's progress marks: it is `working` from when it takes up work it must finish

@@ -49,7 +49,7 @@ pub use jobs::unique::ended_lock;
 pub use jobs::Jobs;
 pub use leader::counts::ClusterTotals;
 pub use leader::cron::TickOutcome;
-pub use leader::job_writes::{JobWrite, JobWrites};
+pub use leader::job_writes::{JobWrite, JobWrites, LostDeliveries};
 pub use leader::pruner::{StoredWrite, WriteBody};
 pub use leader::timers::{PendingTimer, ReadAhead, TimerFeed};
 pub use leader::Leader;

@@ -2,6 +2,8 @@
 //! leadership left off, and its announcement of how far it handled them
 //! (`events/handled.rs`).
 
+use std::sync::Arc;
+
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use futures::StreamExt;
@@ -11,6 +13,7 @@ use super::{taken_over, Leader};
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
 use crate::domain::state::JobState;
+use crate::store::connection::Connection;
 use crate::store::error::backend;
 use crate::store::events::BATCH;
 use crate::store::feed;
@@ -32,47 +35,73 @@ pub struct JobWrites {
     /// The feed delivers the writes after this revision (the acknowledged floor when it
     /// opened); what came before, this publisher never saw.
     pub starts_after: u64,
+    /// The consumer sequence of the latest delivery read. The consumer numbers its
+    /// deliveries one by one, so a jump says the ones between were lost on the way.
+    last_delivery: u64,
+    conn: Arc<Connection>,
 }
 
+/// Deliveries of the job-write feed that never arrived, this many: in flight when the
+/// leader's connection or the consumer's leader went down. Acknowledging a later write
+/// would acknowledge them too (the feed's acknowledgements are cumulative), and their
+/// events, counts and workflow steps would be lost with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostDeliveries(pub u64);
+
 impl JobWrites {
-    /// The writes that are ready now (at least one; waits for it). `None` when the feed ended.
-    pub async fn next_batch(&mut self) -> Option<Vec<JobWrite>> {
+    /// The writes that are ready now (at least one; waits for it). `None` when the feed
+    /// ended; `LostDeliveries` when writes before these never arrived: then none of the
+    /// batch may be handled or acknowledged, and the feed is read again from the last write
+    /// acknowledged.
+    pub async fn next_batch(&mut self) -> Option<Result<Vec<JobWrite>, LostDeliveries>> {
         let chunk = self.messages.next().await?;
-        Some(
-            chunk
-                .into_iter()
-                .filter_map(|m| match m {
-                    Ok(msg) => Some(msg),
-                    Err(err) => {
-                        warn!(error = %err, "job-write feed error");
-                        None
-                    }
+        let mut delivered = Vec::with_capacity(chunk.len());
+        for m in chunk {
+            let msg = match m {
+                Ok(msg) => msg,
+                Err(err) => {
+                    warn!(error = %err, "job-write feed error");
+                    continue;
+                }
+            };
+            let Ok(info) = msg.info() else { continue };
+            let (revision, delivery) = (info.stream_sequence, info.consumer_sequence);
+            if self.conn.loses("job_writes.delivered") {
+                continue;
+            }
+            // A delivery numbered again after a consumer leader change is no gap.
+            let lost = delivery.saturating_sub(self.last_delivery + 1);
+            self.last_delivery = self.last_delivery.max(delivery);
+            if lost > 0 {
+                return Some(Err(LostDeliveries(lost)));
+            }
+            delivered.push((revision, msg));
+        }
+        Some(Ok(delivered
+            .into_iter()
+            .filter_map(|(revision, msg)| {
+                // `$KV.<bucket>.<job id>`
+                let id = msg.subject.splitn(3, '.').nth(2)?.to_string();
+                let is_put = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("KV-Operation"))
+                    .is_none();
+                let record = is_put.then(|| serde_json::from_slice(&msg.payload).ok());
+                let removed = msg.headers.as_ref().and_then(|h| {
+                    let queue = h.get(REMOVED_QUEUE)?.as_str().to_owned();
+                    Some((queue, JobState::parse(h.get(REMOVED_STATE)?.as_str())?))
+                });
+                Some(JobWrite {
+                    id,
+                    unreadable: record.as_ref().is_some_and(Option::is_none),
+                    removed,
+                    record: record.flatten(),
+                    revision,
+                    msg,
                 })
-                .filter_map(|msg| {
-                    let revision = msg.info().ok()?.stream_sequence;
-                    // `$KV.<bucket>.<job id>`
-                    let id = msg.subject.splitn(3, '.').nth(2)?.to_string();
-                    let is_put = msg
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get("KV-Operation"))
-                        .is_none();
-                    let record = is_put.then(|| serde_json::from_slice(&msg.payload).ok());
-                    let removed = msg.headers.as_ref().and_then(|h| {
-                        let queue = h.get(REMOVED_QUEUE)?.as_str().to_owned();
-                        Some((queue, JobState::parse(h.get(REMOVED_STATE)?.as_str())?))
-                    });
-                    Some(JobWrite {
-                        id,
-                        unreadable: record.as_ref().is_some_and(Option::is_none),
-                        removed,
-                        record: record.flatten(),
-                        revision,
-                        msg,
-                    })
-                })
-                .collect(),
-        )
+            })
+            .collect()))
     }
 }
 
@@ -116,26 +145,31 @@ impl Leader {
     pub async fn job_writes(&self, term: u64) -> Result<JobWrites, OjsError> {
         let stream = &self.jobs.own.kv.stream;
         let name = self.conn.topology.event_publisher_consumer(term);
-        let (consumer, starts_after): (PullConsumer, u64) = match stream.consumer_info(&name).await
-        {
-            Ok(info) => (
-                stream
-                    .get_consumer(&name)
-                    .await
-                    .map_err(backend("opening the job-write feed"))?,
-                info.ack_floor.stream_sequence,
-            ),
-            Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
-                self.take_over_job_writes(term).await?
-            }
-            Err(err) => return Err(backend("opening the job-write feed")(err)),
-        };
+        // With the consumer's deliveries so far, from which the next is numbered.
+        let (consumer, starts_after, delivered): (PullConsumer, u64, u64) =
+            match stream.consumer_info(&name).await {
+                Ok(info) => (
+                    stream
+                        .get_consumer(&name)
+                        .await
+                        .map_err(backend("opening the job-write feed"))?,
+                    info.ack_floor.stream_sequence,
+                    info.delivered.consumer_sequence,
+                ),
+                Err(err) if err.kind() == ConsumerInfoErrorKind::NotFound => {
+                    let (consumer, floor) = self.take_over_job_writes(term).await?;
+                    (consumer, floor, 0)
+                }
+                Err(err) => return Err(backend("opening the job-write feed")(err)),
+            };
         let messages = feed::renewed(consumer, "job writes")
             .await
             .map_err(backend("reading the job-write feed"))?;
         Ok(JobWrites {
             messages: messages.ready_chunks(BATCH).boxed(),
             starts_after,
+            last_delivery: delivered,
+            conn: self.conn.clone(),
         })
     }
 

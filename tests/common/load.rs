@@ -295,9 +295,11 @@ pub async fn work(gateways: &[&TestApp], seen: &Mutex<Seen>, stop: &AtomicBool) 
 }
 
 /// ACKs (or FAILs) a job until an answer is not a 5xx; whether the job got there. A 409
-/// after a 5xx is no failure when the job explains it (read through every gateway: one may
-/// sit on a node still catching up): the earlier try landed, or — the 5xx having outlasted
-/// the reservation — the job lapsed back into line, to be handed out and settled again.
+/// after a 5xx is no failure when the job explains it: the earlier try landed, or — the 5xx
+/// having outlasted the reservation — the job lapsed back into line, to be handed out and
+/// settled again. The state the refusal names is one witness, a read through each gateway
+/// another: any of them may come from a replica still catching up (a follower a few writes
+/// behind, a node just back from a partition).
 async fn settle(
     gateways: &[&TestApp],
     turn: &mut usize,
@@ -325,8 +327,11 @@ async fn settle(
         }
         let (mut landed, mut lapsed) = (false, false);
         if retried && !r.status.is_success() {
+            let mut states = vec![r.body["error"]["details"]["current_state"].clone()];
             for g in gateways {
-                let state = state_of(g, id).await;
+                states.push(state_of(g, id).await);
+            }
+            for state in states.into_iter().filter(Value::is_string) {
                 landed |= if fail {
                     state != "active"
                 } else {

@@ -7,7 +7,8 @@
 //! safety net asks again, after the expiry plus 5 s — 35 s by default, which held a retry's
 //! timer that long after a partition healed (`cluster::a_gateway_cut_off…`). Here pull
 //! requests expire after `EXPIRES`, one lost without a word is noticed when two `HEARTBEAT`s
-//! pass in silence, and either loss renews the pull subscription at once.
+//! pass in silence, and either loss renews the pull subscription at once. `Deliveries`
+//! tells its reader when deliveries themselves were lost on the way.
 
 use std::time::Duration;
 
@@ -80,10 +81,51 @@ async fn subscribe(consumer: &PullConsumer) -> Result<pull::Stream, StreamError>
         .await
 }
 
+/// The deliveries read so far from a consumer with one reader. The consumer numbers its
+/// deliveries one by one, so a jump says the ones between were lost on the way: in flight
+/// when the reader's connection or the consumer's leader went down, or to a subscription
+/// `renewed` dropped. They count as delivered and pending until the AckWait.
+pub(super) struct Deliveries {
+    last: u64,
+}
+
+impl Deliveries {
+    /// Counting on from `delivered`, the consumer's deliveries so far (0 for a new one).
+    pub(super) fn after(delivered: u64) -> Deliveries {
+        Deliveries { last: delivered }
+    }
+
+    /// How many deliveries before `delivery` (its consumer sequence) never arrived. A number
+    /// that comes again (a consumer leader change before the last delivery was stored) is no
+    /// gap.
+    pub(super) fn lost_before(&mut self, delivery: u64) -> u64 {
+        let lost = delivery.saturating_sub(self.last + 1);
+        self.last = self.last.max(delivery);
+        lost
+    }
+}
+
 /// Whether `err` says a pull request reached nobody or went silent.
 fn pull_lost(err: &MessagesError) -> bool {
     matches!(
         err.kind(),
         MessagesErrorKind::NoResponders | MessagesErrorKind::MissingHeartbeat
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jump_in_the_numbering_counts_the_deliveries_lost_and_a_repeat_does_not() {
+        let mut deliveries = Deliveries::after(0);
+        assert_eq!(deliveries.lost_before(1), 0);
+        assert_eq!(deliveries.lost_before(2), 0);
+        assert_eq!(deliveries.lost_before(5), 2);
+        assert_eq!(deliveries.lost_before(4), 0, "numbered again");
+        assert_eq!(deliveries.lost_before(6), 0);
+        assert_eq!(Deliveries::after(10).lost_before(11), 0);
+        assert_eq!(Deliveries::after(10).lost_before(13), 2);
+    }
 }

@@ -16,7 +16,7 @@ use crate::domain::state::JobState;
 use crate::store::connection::Connection;
 use crate::store::error::backend;
 use crate::store::events::BATCH;
-use crate::store::feed;
+use crate::store::feed::{self, Deliveries};
 use crate::store::jobs::records::{REMOVED_QUEUE, REMOVED_STATE};
 use crate::store::topology::Topology;
 
@@ -35,9 +35,7 @@ pub struct JobWrites {
     /// The feed delivers the writes after this revision (the acknowledged floor when it
     /// opened); what came before, this publisher never saw.
     pub starts_after: u64,
-    /// The consumer sequence of the latest delivery read. The consumer numbers its
-    /// deliveries one by one, so a jump says the ones between were lost on the way.
-    last_delivery: u64,
+    deliveries: Deliveries,
     conn: Arc<Connection>,
 }
 
@@ -69,9 +67,7 @@ impl JobWrites {
             if self.conn.loses("job_writes.delivered") {
                 continue;
             }
-            // A delivery numbered again after a consumer leader change is no gap.
-            let lost = delivery.saturating_sub(self.last_delivery + 1);
-            self.last_delivery = self.last_delivery.max(delivery);
+            let lost = self.deliveries.lost_before(delivery);
             if lost > 0 {
                 return Some(Err(LostDeliveries(lost)));
             }
@@ -168,7 +164,7 @@ impl Leader {
         Ok(JobWrites {
             messages: messages.ready_chunks(BATCH).boxed(),
             starts_after,
-            last_delivery: delivered,
+            deliveries: Deliveries::after(delivered),
             conn: self.conn.clone(),
         })
     }

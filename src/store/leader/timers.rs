@@ -19,7 +19,7 @@ use crate::domain::lifecycle::{self, Deadline};
 use crate::store::cas::{self, Replica};
 use crate::store::connection::Connection;
 use crate::store::error::{backend, consumer_missing, nats_failed};
-use crate::store::feed;
+use crate::store::feed::{self, Deliveries};
 use crate::store::jobs::records::{found, Lookup, ORPHAN_GRACE};
 use crate::store::timers::{Timer, TimerKind};
 use crate::store::topology::Topology;
@@ -83,9 +83,7 @@ pub struct TimerFeed {
         'static,
         Result<async_nats::jetstream::Message, pull::MessagesError>,
     >,
-    /// The consumer sequence of the latest delivery read. The consumer numbers its
-    /// deliveries one by one, so a jump says the ones between were lost on the way.
-    last_delivery: u64,
+    deliveries: Deliveries,
     conn: Arc<Connection>,
 }
 
@@ -118,9 +116,7 @@ impl TimerFeed {
             if self.conn.loses("timers.delivered") {
                 continue;
             }
-            // A delivery numbered again after a consumer leader change is no gap.
-            let lost = delivery.saturating_sub(self.last_delivery + 1);
-            self.last_delivery = self.last_delivery.max(delivery);
+            let lost = self.deliveries.lost_before(delivery);
             if lost > 0 {
                 warn!(
                     lost,
@@ -206,7 +202,7 @@ impl Leader {
             .map_err(backend("reading timers"))?;
         Ok(TimerFeed {
             messages,
-            last_delivery: 0,
+            deliveries: Deliveries::after(0),
             conn: self.conn.clone(),
         })
     }

@@ -1,5 +1,5 @@
-//! Job metrics (observability spec §8) at `/metrics`: cluster totals reported by the leader
-//! alone, so that summing over every replica counts each job once — across a failover too.
+//! Job metrics (events seed §7 and observability spec §8) at `/metrics`: cluster totals
+//! reported by the leader alone, so that summing over every replica counts each job once — across a failover too.
 
 use crate::common;
 
@@ -44,7 +44,7 @@ async fn scrape(gateways: &[&TestApp]) -> Vec<Scrape> {
 }
 
 /// What the workload below must show, summed over the replicas.
-const EXPECTED: [(&str, f64); 19] = [
+const EXPECTED: [(&str, f64); 29] = [
     (
         r#"ojs_job_enqueued_total{queue="mail",type="mail.send"}"#,
         10.0,
@@ -91,12 +91,41 @@ const EXPECTED: [(&str, f64); 19] = [
         r#"ojs_job_queue_time_seconds_count{queue="mail",type="mail.send"}"#,
         9.0,
     ),
-    (r#"ojs_queue_depth{queue="mail",state="completed"}"#, 6.0),
-    (r#"ojs_queue_depth{queue="mail",state="retryable"}"#, 2.0),
-    (r#"ojs_queue_depth{queue="mail",state="active"}"#, 1.0),
-    (r#"ojs_queue_depth{queue="mail",state="cancelled"}"#, 1.0),
-    (r#"ojs_queue_depth{queue="mail",state="available"}"#, 0.0),
+    (r#"ojs_queue_jobs{queue="mail",state="completed"}"#, 6.0),
+    (r#"ojs_queue_jobs{queue="mail",state="retryable"}"#, 2.0),
+    (r#"ojs_queue_jobs{queue="mail",state="active"}"#, 1.0),
+    (r#"ojs_queue_jobs{queue="mail",state="cancelled"}"#, 1.0),
+    (r#"ojs_queue_jobs{queue="mail",state="available"}"#, 0.0),
     (r#"ojs_workers_busy{queue="mail"}"#, 1.0),
+    // The events seed's names: `job_type`, one duration histogram over every attempt.
+    (
+        r#"ojs_jobs_enqueued_total{job_type="mail.send",queue="mail"}"#,
+        10.0,
+    ),
+    (
+        r#"ojs_jobs_completed_total{job_type="mail.send",queue="mail"}"#,
+        6.0,
+    ),
+    (
+        r#"ojs_jobs_failed_total{job_type="mail.send",queue="mail"}"#,
+        0.0,
+    ),
+    (
+        r#"ojs_jobs_failed_total{job_type="t.d",queue="bounces"}"#,
+        1.0,
+    ),
+    (
+        r#"ojs_jobs_duration_ms_count{job_type="mail.send",queue="mail"}"#,
+        8.0,
+    ),
+    (
+        r#"ojs_jobs_wait_ms_count{job_type="mail.send",queue="mail"}"#,
+        9.0,
+    ),
+    (r#"ojs_queue_depth{queue="mail"}"#, 0.0),
+    (r#"ojs_queue_active{queue="mail"}"#, 1.0),
+    (r#"ojs_dead_letter_depth{queue="bounces"}"#, 1.0),
+    (r#"ojs_dead_letter_depth{queue="mail"}"#, 0.0),
 ];
 
 fn mismatches(scrapes: &[Scrape]) -> Vec<String> {
@@ -185,6 +214,17 @@ async fn job_totals_through_two_gateways_are_exact_and_survive_a_failover() {
     };
     assert!(completed("0.005") <= completed("300"));
     assert_eq!(completed("300"), 6.0, "every ack came within seconds");
+    let attempt_ms = |le: &str| {
+        busy[&format!(
+            r#"ojs_jobs_duration_ms_bucket{{job_type="mail.send",le="{le}",queue="mail"}}"#
+        )]
+    };
+    assert!(attempt_ms("5") <= attempt_ms("300000"));
+    assert_eq!(
+        attempt_ms("300000"),
+        8.0,
+        "every attempt ended within seconds"
+    );
 
     // The leader stops: the other replica takes over and reports the same totals, not
     // counted again and not starting from zero.

@@ -19,6 +19,17 @@ pub const DURATION_BUCKETS: [f64; 15] = [
 pub const QUEUE_TIME_BUCKETS: [f64; 13] = [
     0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
+/// Upper bounds (ms) of the events seed's `ojs.jobs.duration_ms` buckets (§7.2). Each is
+/// one of [`DURATION_BUCKETS`] in ms, so both histograms are read from the same counts.
+pub const DURATION_MS_BUCKETS: [f64; 14] = [
+    5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0,
+    300000.0,
+];
+/// Upper bounds (ms) of the events seed's `ojs.jobs.wait_ms` buckets (§7.2), each one of
+/// [`QUEUE_TIME_BUCKETS`] in ms.
+pub const WAIT_MS_BUCKETS: [f64; 11] = [
+    10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 30000.0, 60000.0, 300000.0, 600000.0,
+];
 /// Job types a queue keeps totals of. Types are chosen by clients: past this many, a
 /// queue's further types count under [`OTHER_TYPE`], so neither the stats record nor the
 /// metric series grow without bound (spec §8.4).
@@ -134,6 +145,35 @@ impl Histogram {
             Some((*bound, *seen))
         })
     }
+
+    /// [`cumulative`](Self::cumulative) at the `wanted` bounds only, in a unit `scale` times
+    /// the stored `bounds`' (1000 for ms from seconds); a wanted bound that is no stored
+    /// bound so scaled is left out.
+    pub fn cumulative_at<'a>(
+        &'a self,
+        bounds: &'a [f64],
+        scale: f64,
+        wanted: &'a [f64],
+    ) -> impl Iterator<Item = (f64, u64)> + 'a {
+        self.cumulative(bounds).filter_map(move |(bound, seen)| {
+            let scaled = bound * scale;
+            wanted
+                .iter()
+                .find(|w| (*w - scaled).abs() <= 1e-9 * w.abs())
+                .map(|w| (*w, seen))
+        })
+    }
+
+    /// Adds the observations of `other` (kept in the same buckets).
+    pub fn merge(&mut self, other: &Histogram) {
+        if self.counts.len() < other.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
+        for (mine, theirs) in self.counts.iter_mut().zip(&other.counts) {
+            *mine += theirs;
+        }
+        self.sum += other.sum;
+    }
 }
 
 /// The totals of one job type in one queue.
@@ -162,6 +202,21 @@ impl TypeTotals {
     /// Jobs discarded, by their last failure, by expiry or dropped by a full queue.
     pub fn discarded(&self) -> u64 {
         self.failed + self.expired + self.dropped
+    }
+
+    /// Jobs with a `job.discarded` event: discarded by their last failure or dropped by a
+    /// full queue (an expired job's event is `job.expired`).
+    pub fn discarded_events(&self) -> u64 {
+        self.failed + self.dropped
+    }
+
+    /// Every attempt's duration, however it ended.
+    pub fn all_durations(&self) -> Histogram {
+        let mut all = Histogram::default();
+        for h in self.durations.values() {
+            all.merge(h);
+        }
+        all
     }
 }
 
@@ -231,6 +286,33 @@ mod tests {
             outcome,
             seconds,
         }
+    }
+
+    #[test]
+    fn the_seeds_ms_buckets_are_read_from_the_stored_seconds() {
+        let mut h = Histogram::default();
+        for seconds in [0.004, 0.005, 0.7, 100.0, 1000.0] {
+            h.observe(&DURATION_BUCKETS, seconds);
+        }
+        let ms: Vec<_> = h
+            .cumulative_at(&DURATION_BUCKETS, 1000.0, &DURATION_MS_BUCKETS)
+            .collect();
+        assert_eq!(
+            ms.len(),
+            DURATION_MS_BUCKETS.len(),
+            "every seed bound is stored"
+        );
+        assert_eq!(ms[0], (5.0, 2));
+        assert_eq!(ms[7], (1000.0, 3));
+        assert_eq!(ms[13], (300000.0, 4));
+        let waits = Histogram::default()
+            .cumulative_at(&QUEUE_TIME_BUCKETS, 1000.0, &WAIT_MS_BUCKETS)
+            .count();
+        assert_eq!(waits, WAIT_MS_BUCKETS.len(), "every seed bound is stored");
+
+        let mut merged = h.clone();
+        merged.merge(&h);
+        assert_eq!((merged.count(), merged.sum), (10, 2.0 * h.sum));
     }
 
     #[test]

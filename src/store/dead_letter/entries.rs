@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::DirectGetErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, State as StreamState};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -123,20 +123,7 @@ impl Entries {
     pub async fn stats(&self) -> Result<DeadLetterStats, OjsError> {
         let t = &self.conn.topology;
         let doing = "reading the dead letter queue";
-        let mut info = self
-            .own
-            .stream
-            .info_with_subjects(format!("{}.dlq.*", t.namespace))
-            .await
-            .map_err(backend(doing))?;
-        let state = info.info.state.clone();
-        let mut by_queue = BTreeMap::new();
-        while let Some(subject) = info.next().await {
-            let (subject, n) = subject.map_err(backend(doing))?;
-            if let Some(queue) = subject.rsplit('.').next() {
-                by_queue.insert(decode_queue(queue), n as u64);
-            }
-        }
+        let (state, by_queue) = self.by_queue().await?;
         let time_of = |seq: u64| async move {
             if seq == 0 {
                 return Ok(None);
@@ -159,6 +146,30 @@ impl Entries {
             max_age: t.dead_letter_max_age,
             max_count: t.dead_letter_max_count,
         })
+    }
+
+    /// The stream's state and its entries by source queue (queues with none left out): one
+    /// stream info with subject counts.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn by_queue(&self) -> Result<(StreamState, BTreeMap<String, u64>), OjsError> {
+        let doing = "reading the dead letter queue";
+        let mut info = self
+            .own
+            .stream
+            .info_with_subjects(format!("{}.dlq.*", self.conn.topology.namespace))
+            .await
+            .map_err(backend(doing))?;
+        let state = info.info.state.clone();
+        let mut by_queue = BTreeMap::new();
+        while let Some(subject) = info.next().await {
+            let (subject, n) = subject.map_err(backend(doing))?;
+            if let Some(queue) = subject.rsplit('.').next() {
+                by_queue.insert(decode_queue(queue), n as u64);
+            }
+        }
+        Ok((state, by_queue))
     }
 
     /// Entries in the dead letter queue, of every queue.

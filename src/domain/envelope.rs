@@ -13,7 +13,7 @@ use super::error::{ErrorCode, OjsError};
 use super::fields::{self, missing, type_error};
 use super::job::{Job, SPEC_VERSION};
 use super::rate_limit::Limits;
-use super::retry::{OnExhaustion, RetryPolicy};
+use super::retry::{self, OnExhaustion, RetryPolicy};
 use super::state::JobState;
 use super::time;
 use super::unique::UniquePolicy;
@@ -244,16 +244,31 @@ pub fn parse_with_default_exhaustion(
         on_exhaustion: default_on_exhaustion,
         ..RetryPolicy::default()
     };
+    // `options.max_attempts` (the `ojs` command line's form; a top-level `max_attempts` is
+    // a system field): checked as the policy's own, which wins when it names one.
+    let base = match opts.primary.get("max_attempts").filter(|v| !v.is_null()) {
+        None => base,
+        Some(v) => RetryPolicy {
+            max_attempts: retry::max_attempts(v, "options.max_attempts")?,
+            ..base
+        },
+    };
     let retry = match opts.get("retry").or_else(|| opts.get("retry_policy")) {
         None => base,
         Some(v) => RetryPolicy::from_value_over(v, base)?,
     };
-    // Kept as sent (echoed); PUSH reads it again to take the key's lock (`unique.rs`).
+    // Kept as sent (echoed), `use_existing` under its spec name `ignore` (clients that read
+    // the policy back know only the spec's names); PUSH reads it again to take the key's
+    // lock (`unique.rs`).
     let unique = match opts.get("unique") {
         None => None,
         Some(v) => {
             UniquePolicy::parse(v, &args)?;
-            Some(v.clone())
+            let mut kept = v.clone();
+            if kept.get("on_conflict").and_then(Value::as_str) == Some("use_existing") {
+                kept["on_conflict"] = Value::from("ignore");
+            }
+            Some(kept)
         }
     };
     // Kept as sent (echoed); PUSH registers it as the queue's limit (`rate_limit.rs`).
@@ -288,7 +303,10 @@ pub fn parse_with_default_exhaustion(
     let unknown_options: Map<String, Value> = opts
         .primary
         .into_iter()
-        .filter(|(k, _)| !OPTION_KEYS.contains(&k.as_str()) && k != "metadata" && k != "meta")
+        .filter(|(k, _)| {
+            !OPTION_KEYS.contains(&k.as_str())
+                && !["metadata", "meta", "max_attempts"].contains(&k.as_str())
+        })
         .collect();
 
     let job = Job {
@@ -693,6 +711,31 @@ mod tests {
         let e = err(json!({"type": "a", "args": [], "options": {"retry": {"max_attempts": -1}}}));
         assert_eq!(e.category, crate::domain::error::Category::Semantic);
         assert!(e.message.contains("max_attempts"));
+    }
+
+    #[test]
+    fn options_max_attempts_sets_the_attempts_unless_the_retry_policy_does() {
+        let j = ok(json!({"type": "a", "args": [], "options": {"max_attempts": 7}}));
+        assert_eq!((j.max_attempts, j.retry.max_attempts), (7, 7));
+        assert!(j.options.is_none(), "not kept as an unknown option");
+        let j = ok(json!({"type": "a", "args": [], "options": {
+            "max_attempts": 7, "retry": {"max_attempts": 2}}}));
+        assert_eq!(j.max_attempts, 2);
+        let j = ok(json!({"type": "a", "args": [], "max_attempts": 7}));
+        assert_eq!(
+            j.max_attempts, 3,
+            "a top-level max_attempts is a system field"
+        );
+        let e = err(json!({"type": "a", "args": [], "options": {"max_attempts": "x"}}));
+        assert_eq!(e.details["field"], "options.max_attempts");
+        assert_eq!(e.category, crate::domain::error::Category::Semantic);
+    }
+
+    #[test]
+    fn use_existing_is_kept_under_its_spec_name() {
+        let j = ok(json!({"type": "a", "args": [], "options": {
+            "unique": {"keys": ["type"], "on_conflict": "use_existing"}}}));
+        assert_eq!(j.unique.unwrap()["on_conflict"], "ignore");
     }
 
     #[test]

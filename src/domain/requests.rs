@@ -280,8 +280,35 @@ fn failure(body: &Map<String, Value>) -> Result<Failure, OjsError> {
         error_type: text("type")?,
         details: fields::object(e.get("details"), "error.details")?
             .map(|d| Value::Object(d.clone())),
-        backtrace: present(e.get("backtrace")).cloned(),
+        backtrace: backtrace(e.get("backtrace"))?,
     })
+}
+
+/// Frames of a FAIL's backtrace kept (core §8.1 recommends at most 50); the rest are cut.
+const MAX_BACKTRACE_FRAMES: usize = 50;
+
+/// A FAIL's `error.backtrace` as core §8.1 has it, an array of frame strings: one string
+/// (a language's formatted trace) becomes its lines, and past `MAX_BACKTRACE_FRAMES`
+/// frames are cut, so every client reading the job finds the type it expects.
+fn backtrace(v: Option<&Value>) -> Result<Option<Value>, OjsError> {
+    let frames: Vec<Value> = match present(v) {
+        None => return Ok(None),
+        Some(Value::String(text)) => text
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| Value::String(line.to_owned()))
+            .collect(),
+        Some(Value::Array(frames)) if frames.iter().all(Value::is_string) => frames.clone(),
+        Some(_) => {
+            return Err(OjsError::invalid(
+                "error.backtrace",
+                "error.backtrace must be an array of strings (one per frame) or a string.",
+            ))
+        }
+    };
+    Ok(Some(Value::Array(
+        frames.into_iter().take(MAX_BACKTRACE_FRAMES).collect(),
+    )))
 }
 
 /// The required `job_id`; one that is no job id names no job (404).
@@ -512,6 +539,29 @@ mod tests {
         assert!(!req.failure.retryable);
         assert_eq!(req.failure.details, Some(json!({"k": 1})));
         assert_eq!(req.failure.backtrace, Some(json!(["f1"])));
+    }
+
+    #[test]
+    fn a_backtrace_becomes_an_array_of_at_most_fifty_frames() {
+        let trace = |v: Value| {
+            fail(&body(
+                json!({"job_id": ID, "error": {"message": "m", "backtrace": v}}),
+            ))
+            .map(|r| r.failure.backtrace)
+        };
+        assert_eq!(
+            trace(json!("Traceback:\n  at a\n\n  at b\n")).unwrap(),
+            Some(json!(["Traceback:", "  at a", "  at b"]))
+        );
+        let long: Vec<String> = (0..80).map(|i| format!("f{i}")).collect();
+        let kept = trace(json!(long)).unwrap().unwrap();
+        assert_eq!(kept.as_array().unwrap().len(), 50);
+        assert_eq!(kept[49], "f49");
+        assert_eq!(trace(Value::Null).unwrap(), None);
+        for bad in [json!([1, 2]), json!({"frame": "a"}), json!(7)] {
+            let e = trace(bad).unwrap_err();
+            assert_eq!(e.details["field"], "error.backtrace");
+        }
     }
 
     #[test]

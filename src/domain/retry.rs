@@ -95,10 +95,7 @@ impl RetryPolicy {
         );
         let mut p = base;
         if let Some(v) = present(obj, "max_attempts") {
-            p.max_attempts = v
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| field_error("max_attempts", "must be a non-negative integer", v))?;
+            p.max_attempts = max_attempts(v, "retry.max_attempts")?;
         }
         if let Some(d) = interval(obj, "initial_interval")? {
             if d.is_zero() {
@@ -213,6 +210,21 @@ impl RetryPolicy {
 /// A key that is present and not `null` (a client `null` means "absent", JSON format §14.2).
 fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
+}
+
+/// A `max_attempts` value; `field` names it in the 422.
+///
+/// # Errors
+/// 422 when it is no non-negative integer of 32 bits.
+pub fn max_attempts(v: &Value, field: &str) -> Result<u32, OjsError> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            OjsError::unprocessable(
+                field,
+                format!("{field} must be a non-negative integer, got {v}"),
+            )
+        })
 }
 
 fn field_error(field: &str, rule: &str, got: &Value) -> OjsError {

@@ -20,6 +20,8 @@ use super::time;
 const DIMENSIONS: [&str; 4] = ["type", "queue", "args", "meta"];
 /// Most entries in one of the policy's lists: the key is hashed from what they select.
 const MAX_NAMES: usize = 64;
+/// Longest key a caller chooses itself (`key` as a string).
+const MAX_CHOSEN_KEY: usize = 1024;
 
 /// What an enqueue does with a job whose key is held by another (spec §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,9 @@ pub struct UniquePolicy {
     pub meta: bool,
     pub args_keys: Option<Vec<String>>,
     pub meta_keys: Vec<String>,
+    /// A key the caller chose itself (`key` as a string, the `ojs` command line's
+    /// `--unique-key`), hashed with the selected dimensions.
+    pub chosen_key: Option<String>,
     pub period: Option<Duration>,
     pub states: Vec<JobState>,
     pub on_conflict: OnConflict,
@@ -49,13 +54,28 @@ pub struct UniquePolicy {
 impl UniquePolicy {
     /// Reads and checks a `unique` option against the job's `args` (spec §2.2). `key` is
     /// read as the dimension list when every entry names a dimension (the Python client
-    /// sends `key: ["type", "args"]`), else as `args_keys` (JSON format §3.5).
+    /// sends `key: ["type", "args"]`), as a key of the caller's own when it is a string
+    /// (the `ojs` command line), else as `args_keys` (JSON format §3.5). `within` is the
+    /// command line's name for `period`.
     ///
     /// # Errors
     /// 400 `invalid_request` naming the field.
     pub fn parse(value: &Value, args: &[Value]) -> Result<UniquePolicy, OjsError> {
         let Value::Object(o) = value else {
             return Err(OjsError::invalid("unique", "unique must be an object."));
+        };
+        let chosen_key = match o.get("key") {
+            Some(Value::String(k)) if k.is_empty() || k.len() > MAX_CHOSEN_KEY => {
+                return Err(OjsError::invalid(
+                    "unique.key",
+                    format!(
+                        "unique.key as a string must have 1 to {MAX_CHOSEN_KEY} bytes, got {}.",
+                        k.len()
+                    ),
+                ))
+            }
+            Some(Value::String(k)) => Some(k.clone()),
+            _ => None,
         };
         let keys_field = o.get("keys").or_else(|| {
             o.get("key").filter(|k| {
@@ -75,9 +95,10 @@ impl UniquePolicy {
             ));
         }
         let has = |d: &str| keys.iter().any(|k| k == d);
-        let args_field = o
-            .get("args_keys")
-            .or_else(|| o.get("key").filter(|_| keys_field.is_none()));
+        let args_field = o.get("args_keys").or_else(|| {
+            o.get("key")
+                .filter(|_| keys_field.is_none() && chosen_key.is_none())
+        });
         let args_keys = match args_field {
             None | Some(Value::Null) => None,
             Some(v) => Some(names(v).ok_or_else(|| list_error("unique.args_keys"))?),
@@ -105,21 +126,25 @@ impl UniquePolicy {
                 "unique.meta_keys must name the meta keys when unique.keys includes meta.",
             ));
         }
-        let period = match o.get("period") {
+        let (period_name, period_field) = match o.get("period") {
+            None | Some(Value::Null) => ("unique.within", o.get("within")),
+            given => ("unique.period", given),
+        };
+        let period = match period_field {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(duration::parse(s).ok_or_else(|| {
                 OjsError::invalid(
-                    "unique.period",
+                    period_name,
                     format!(
-                        "unique.period must be an ISO 8601 duration of at most {}, got {s:?}.",
+                        "{period_name} must be an ISO 8601 duration of at most {}, got {s:?}.",
                         duration::MAX_TEXT
                     ),
                 )
             })?),
             Some(_) => {
                 return Err(OjsError::invalid(
-                    "unique.period",
-                    "unique.period must be an ISO 8601 duration such as \"PT1H\".",
+                    period_name,
+                    format!("{period_name} must be an ISO 8601 duration such as \"PT1H\"."),
                 ))
             }
         };
@@ -163,6 +188,7 @@ impl UniquePolicy {
             meta: has("meta"),
             args_keys,
             meta_keys,
+            chosen_key,
             period,
             states,
             on_conflict,
@@ -196,6 +222,9 @@ impl UniquePolicy {
                 "meta".into(),
                 Value::Object(select(&job.meta, &self.meta_keys)),
             );
+        }
+        if let Some(chosen) = &self.chosen_key {
+            dims.insert("key".into(), Value::String(chosen.clone()));
         }
         let canonical =
             serde_json::to_string(&normalized(Value::Object(dims))).expect("JSON values serialize");
@@ -364,6 +393,29 @@ mod tests {
     }
 
     #[test]
+    fn a_string_key_is_the_callers_own_and_within_is_the_period() {
+        let chosen = policy(json!({"key": "invoice-42", "within": "1h"}));
+        assert_eq!(chosen.chosen_key.as_deref(), Some("invoice-42"));
+        assert!(!chosen.args && chosen.args_keys.is_none());
+        assert_eq!(chosen.period, Some(Duration::from_secs(3600)));
+        let a = job(json!([1]), "q");
+        let b = job(json!([2]), "q");
+        assert_eq!(
+            chosen.key(&a),
+            chosen.key(&b),
+            "the args are not in the key"
+        );
+        let other = policy(json!({"key": "invoice-43"}));
+        assert_ne!(chosen.key(&a), other.key(&a));
+        assert_ne!(chosen.key(&a), policy(json!({})).key(&a));
+        assert_eq!(
+            policy(json!({"period": "PT1M", "within": "1h"})).period,
+            Some(Duration::from_secs(60)),
+            "period wins"
+        );
+    }
+
+    #[test]
     fn bad_policies_are_refused_naming_the_field() {
         let args = [json!({"user_id": 1})];
         for (v, field) in [
@@ -373,6 +425,9 @@ mod tests {
             (json!({"states": ["done"]}), "unique.states"),
             (json!({"period": "soon"}), "unique.period"),
             (json!({"period": 5}), "unique.period"),
+            (json!({"within": "soon"}), "unique.within"),
+            (json!({"key": ""}), "unique.key"),
+            (json!({"key": "k".repeat(1025)}), "unique.key"),
             (json!({"on_conflict": "merge"}), "unique.on_conflict"),
             (json!({"keys": "type"}), "unique.keys"),
             (json!("yes"), "unique"),

@@ -40,7 +40,9 @@ async fn entries_are_registered_listed_replaced_and_deleted() {
         .post("/ojs/v1/cron", json!({"name": "nightly", "cron": "0 9 * * 1-5", "timezone": "America/New_York", "type": "cron.tick", "args": []}))
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.body["cron"]["created_at"], cron["created_at"]);
+    // Its answer is the binding's `cron_job`, and the entry bare (`cron` the expression).
+    assert_eq!(r.body["cron_job"]["created_at"], cron["created_at"]);
+    assert_eq!(r.body["cron"], "0 9 * * 1-5");
     app.post("/ojs/v1/cron", entry("hourly", "0 * * * *", "c"))
         .await;
     let names: Vec<Value> = app.get("/ojs/v1/cron").await.body["crons"]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::extract::{pagination, paging, JsonObject};
-use super::respond::respond;
+use super::respond::{respond, wrapped_and_bare};
 use super::state::SharedState;
 use crate::domain::cron::{is_entry_name, CronEntry};
 use crate::domain::error::OjsError;
@@ -22,6 +22,10 @@ pub async fn register(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
+    // The clients' form names the expression `cron` and reads the entry back bare, with
+    // `cron` the expression (the Rust client); the suites' form names it `expression` and
+    // reads `cron` as the entry.
+    let clients_form = body.contains_key("cron") && !body.contains_key("expression");
     let entry = CronEntry::parse(&body, Utc::now())?;
     let (entry, created) = state.store.cron().register(entry).await?;
     let status = if created {
@@ -30,10 +34,13 @@ pub async fn register(
         StatusCode::OK
     };
     let entry = describe(&entry);
-    Ok(respond(
-        status,
-        &json!({ "cron": entry, "cron_job": entry }),
-    ))
+    let mut answer = if clients_form {
+        entry.clone()
+    } else {
+        wrapped_and_bare("cron", entry.clone())
+    };
+    answer["cron_job"] = entry;
+    Ok(respond(status, &answer))
 }
 
 const DEFAULT_LIMIT: usize = 100;
@@ -67,10 +74,10 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let entry = describe(&state.store.cron().get(entry_name(&name)?).await?);
-    Ok(respond(
-        StatusCode::OK,
-        &json!({ "cron": entry, "cron_job": entry }),
-    ))
+    // Bare too, for the `ojs` command line; `cron` is the entry, as at registration.
+    let mut answer = wrapped_and_bare("cron", entry.clone());
+    answer["cron_job"] = entry;
+    Ok(respond(StatusCode::OK, &answer))
 }
 
 pub async fn delete(

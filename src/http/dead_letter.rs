@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::extract::query_number;
-use super::respond::{job_id, respond};
+use super::respond::{job_id, respond, wrapped_and_bare};
 use super::state::SharedState;
 use crate::domain::envelope::validate_queue;
 
@@ -56,7 +56,7 @@ pub async fn retry(
     let job = state.store.dead_letter().retry(&job_id(&id)?).await?;
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["re_enqueued_at"] = body["enqueued_at"].clone();
-    Ok(respond(StatusCode::OK, &json!({ "job": body })))
+    Ok(respond(StatusCode::OK, &wrapped_and_bare("job", body)))
 }
 
 pub async fn delete(

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::JsonObject;
-use super::respond::{job_id, respond, OneJob};
+use super::respond::{job_id, respond, respond_wrapped_and_bare, wrapped_and_bare};
 use super::state::SharedState;
 use crate::domain::backpressure;
 use crate::domain::envelope;
@@ -52,7 +52,7 @@ pub async fn enqueue(
         }
     };
     let location = format!("/ojs/v1/jobs/{}", job.id);
-    let mut response = respond(StatusCode::CREATED, &OneJob { job: &job });
+    let mut response = respond_wrapped_and_bare(StatusCode::CREATED, "job", &job);
     if let Ok(v) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, v);
     }
@@ -126,17 +126,19 @@ pub async fn enqueue_batch(
         .map(str::to_owned)
         .collect();
     Ok(match push(&state, &headers, jobs).await? {
+        // `enqueued` and `failed` are what the `ojs` command line prints; a batch is all
+        // or none, so none failed.
         Enqueued::Created(jobs) => {
             let mut response = respond(
                 StatusCode::CREATED,
-                &json!({ "jobs": jobs, "count": jobs.len() }),
+                &json!({ "jobs": jobs, "count": jobs.len(), "enqueued": jobs.len(), "failed": 0 }),
             );
             add_pressure(&state, queues.iter().map(String::as_str), &mut response).await;
             response
         }
         Enqueued::Existing(job) => respond(
             StatusCode::OK,
-            &json!({ "jobs": [job], "count": 1, "deduplicated": true }),
+            &json!({ "jobs": [job], "count": 1, "enqueued": 0, "failed": 0, "deduplicated": true }),
         ),
     })
 }
@@ -201,8 +203,7 @@ pub async fn info(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let job = state.store.jobs().info(&job_id(&id)?).await?;
-    let job = serde_json::to_value(&job).expect("jobs serialize");
-    Ok(respond(StatusCode::OK, &bare_too(job)))
+    Ok(respond_wrapped_and_bare(StatusCode::OK, "job", &job))
 }
 
 pub async fn cancel(
@@ -212,14 +213,7 @@ pub async fn cancel(
     let settled = state.store.jobs().cancel(&job_id(&id)?).await?;
     let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
     job["previous_state"] = json!(settled.before.job.state);
-    Ok(respond(StatusCode::OK, &bare_too(job)))
-}
-
-/// A single job's answer: `{"job": …}` for the suites, its fields also at the top level for
-/// clients that read a bare job (the Rust OJS client). A failed attempt's `error` stays
-/// inside `job`: clients take a top-level `error` for a failed request.
-fn bare_too(job: Value) -> Value {
-    super::respond::wrapped_and_bare("job", job, &["error"])
+    Ok(respond(StatusCode::OK, &wrapped_and_bare("job", job)))
 }
 
 pub async fn activate(

@@ -68,6 +68,9 @@ pub async fn ready(State(state): State<SharedState>) -> Response {
 }
 
 /// What this server implements. Claims only what its tests and the conformance suite show.
+/// `extensions` is the conformance spec's flat list (§4.2.1, which consumers must read
+/// as well as the structured form): the official Rust client reads only the list, and
+/// there are no extensions to name either way.
 pub async fn manifest() -> Response {
     respond(
         StatusCode::OK,
@@ -99,7 +102,7 @@ pub async fn manifest() -> Response {
             "unique_job_strength": "strong",
             "queue_strategies": ["strict", "weighted"],
             "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
-            "extensions": {"official": []},
+            "extensions": [],
             "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream", "openapi": "/ojs/v1/openapi.json"},
         }),
     )

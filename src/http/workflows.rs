@@ -56,7 +56,7 @@ pub async fn cancel(
 
 /// `{"workflow": w}` with `w`'s fields also at the top level.
 fn answer(described: Map<String, Value>) -> Value {
-    super::respond::wrapped_and_bare("workflow", Value::Object(described), &[])
+    super::respond::wrapped_and_bare("workflow", Value::Object(described))
 }
 
 fn describe(view: &WorkflowView) -> Map<String, Value> {

@@ -13,7 +13,7 @@ use crate::domain::bulk::BulkOp;
 use crate::domain::listing::{summary, ListQuery};
 use crate::http::error::ApiError;
 use crate::http::extract::JsonObject;
-use crate::http::respond::{job_id, respond};
+use crate::http::respond::{job_id, respond, respond_wrapped_and_bare};
 use crate::http::state::SharedState;
 use crate::store::JobPage;
 
@@ -65,7 +65,7 @@ pub async fn retry(
         return Err(err.into());
     }
     let job = state.store.jobs().info(&id).await?;
-    Ok(respond(StatusCode::OK, &json!({ "job": job })))
+    Ok(respond_wrapped_and_bare(StatusCode::OK, "job", &job))
 }
 
 pub async fn bulk_retry(

@@ -148,6 +148,42 @@ mod tests {
     }
 
     #[test]
+    fn top_level_options_are_every_jobs_defaults() {
+        let r = parse(json!({"steps": [
+            {"id": "job-0", "type": "t.a", "args": []},
+            {"id": "job-1", "type": "t.b", "args": [], "options": {"queue": "own"}},
+            {"id": "on-complete", "type": "t.cb", "args": [], "depends_on": ["job-0", "job-1"]}],
+            "options": {"queue": "exports", "priority": 5}}))
+        .unwrap();
+        let options = |job: &Value| job["options"].clone();
+        let Member::Job(first) = &r.members[0].what else {
+            panic!("a job")
+        };
+        let Member::Job(second) = &r.members[1].what else {
+            panic!("a job")
+        };
+        assert_eq!(options(first), json!({"queue": "exports", "priority": 5}));
+        assert_eq!(options(second), json!({"queue": "own", "priority": 5}));
+        assert_eq!(options(&r.callbacks[0].1)["queue"], "exports");
+        let typed = parse(
+            json!({"type": "chain", "options": {"queue": "q"}, "steps": [
+            {"type": "group", "jobs": [{"type": "t", "args": []}]}]}),
+        )
+        .unwrap();
+        let Member::Workflow(inner) = &typed.members[0].what else {
+            panic!("a group")
+        };
+        let Member::Job(leaf) = &inner.members[0].what else {
+            panic!("a job")
+        };
+        assert_eq!(leaf["options"]["queue"], "q");
+        assert!(refused(
+            json!({"type": "chain", "options": 3, "steps": [{"type": "t", "args": []}]})
+        )
+        .contains("options"));
+    }
+
+    #[test]
     fn the_step_graph_form_reads_as_a_chain_a_group_or_a_batch() {
         let step = |id: &str, deps: &[&str]| json!({"id": id, "type": format!("t.{id}"), "args": [], "depends_on": deps});
         let chain = parse(json!({"name": "g", "steps": [step("step-1", &["step-0"]), step("step-0", &[]), step("step-2", &["step-1"])]})).unwrap();
@@ -167,6 +203,25 @@ mod tests {
         assert_eq!(batch.kind, Kind::Batch);
         assert_eq!(batch.callbacks[0].0, Callback::OnComplete);
         assert_eq!(batch.callbacks[0].1["options"], json!({"queue": "cbq"}));
+        // The Rust client's batch: callbacks named for their type, after every job.
+        let named = parse(json!({"steps": [step("job-0", &[]), step("job-1", &[]),
+            step("on-failure", &["job-1", "job-0"]), step("on-complete", &["job-0", "job-1"])]}))
+        .unwrap();
+        assert_eq!(named.kind, Kind::Batch);
+        assert_eq!(named.jobs(), 2);
+        let types: Vec<_> = named.callbacks.iter().map(|(c, _)| *c).collect();
+        assert_eq!(types, [Callback::OnComplete, Callback::OnFailure]);
+        let one =
+            parse(json!({"steps": [step("job-0", &[]), step("on-failure", &["job-0"])]})).unwrap();
+        assert_eq!(
+            (one.kind, one.callbacks[0].0),
+            (Kind::Batch, Callback::OnFailure)
+        );
+        // Named so but after only some steps: a plain step (here a chain).
+        let chain = parse(json!({"steps": [step("a", &[]), step("on-success", &["a"]),
+            step("b", &["on-success"])]}))
+        .unwrap();
+        assert_eq!((chain.kind, chain.jobs()), (Kind::Chain, 3));
         let diamond = json!({"steps": [step("a", &[]), step("b", &["a"]), step("c", &["a"]), step("d", &["b", "c"])]});
         assert!(refused(diamond).contains("chain"));
         assert!(refused(json!({"steps": [step("a", &["x"])]})).contains("\"x\""));

@@ -46,7 +46,10 @@ pub(super) fn invalid(path: &str, message: impl Into<String>) -> OjsError {
 /// Reads a creation request in either form clients send: typed (`{"type":"chain",
 /// "steps":[…]}`, `{"type":"group"|"batch","jobs":[…],"callbacks":{…}}`, members that are
 /// themselves typed workflows) or step-graph (`{"name","steps":[{"id","type","args",
-/// "depends_on":[…],"options"}]}`, batch callbacks as steps with `options.callback_type`).
+/// "depends_on":[…],"options"}]}`, batch callbacks as steps with `options.callback_type` or
+/// named `on-complete`, `on-success`, `on-failure` after every other step). A top-level
+/// `options` holds defaults for every job's options (the Rust client's workflow options);
+/// a job's own keys win.
 ///
 /// # Errors
 /// 400 naming the first problem (`details.validation_errors`).
@@ -54,7 +57,12 @@ pub fn parse(body: Value) -> Result<Request, OjsError> {
     let Value::Object(obj) = body else {
         return Err(invalid("$", "A workflow must be a JSON object."));
     };
-    let request = if obj.contains_key("type") {
+    let defaults = match fields::present(obj.get("options")) {
+        None => None,
+        Some(Value::Object(defaults)) => Some(defaults),
+        Some(_) => return Err(invalid("$.options", "options must be an object.")),
+    };
+    let mut request = if obj.contains_key("type") {
         parse_typed(&obj, "$", 1)?
     } else {
         parse_graph(&obj)?
@@ -62,6 +70,9 @@ pub fn parse(body: Value) -> Result<Request, OjsError> {
     let jobs = request.jobs();
     if jobs > MAX_JOBS {
         return Err(too_many(jobs));
+    }
+    if let Some(defaults) = defaults {
+        request.default_options(defaults);
     }
     Ok(request)
 }
@@ -76,6 +87,28 @@ fn too_many(jobs: usize) -> OjsError {
 }
 
 impl Request {
+    /// Gives every job of the tree, callbacks too, the `defaults` its options lack.
+    fn default_options(&mut self, defaults: &Map<String, Value>) {
+        let jobs = self.members.iter_mut().filter_map(|m| match &mut m.what {
+            Member::Job(job) => Some(job),
+            Member::Workflow(inner) => {
+                inner.default_options(defaults);
+                None
+            }
+        });
+        for job in jobs.chain(self.callbacks.iter_mut().map(|(_, job)| job)) {
+            let Value::Object(job) = job else { continue };
+            let options = job
+                .entry("options")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(options) = options {
+                for (key, value) in defaults {
+                    options.entry(key.clone()).or_insert_with(|| value.clone());
+                }
+            }
+        }
+    }
+
     /// Member jobs in the tree (callbacks aside).
     pub fn jobs(&self) -> usize {
         self.members
@@ -247,6 +280,9 @@ fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
     }
     let mut plain: Vec<Step> = Vec::new();
     let mut callbacks: Vec<(Callback, Value)> = Vec::new();
+    // Steps named for a callback without `callback_type` (the Rust client's batch): a
+    // callback if they depend on exactly every other step, else plain steps.
+    let mut named: Vec<(Callback, Step)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, item) in steps.iter().enumerate() {
         let path = format!("$.steps[{i}]");
@@ -307,13 +343,33 @@ fn parse_graph(obj: &Map<String, Value>) -> Result<Request, OjsError> {
                 })?;
                 callbacks.push((callback, Value::Object(spec)));
             }
-            None => plain.push(Step {
-                id,
-                depends_on,
-                spec: Value::Object(spec),
-            }),
+            None => {
+                let step = Step {
+                    id,
+                    depends_on,
+                    spec: Value::Object(spec),
+                };
+                match Callback::parse(&step.id.replace('-', "_")) {
+                    Some(callback) if !step.depends_on.is_empty() => {
+                        named.push((callback, step));
+                    }
+                    _ => plain.push(step),
+                }
+            }
         }
     }
+    let plain_ids: std::collections::HashSet<&str> = plain.iter().map(|s| s.id.as_str()).collect();
+    let mut named_plain = Vec::new();
+    for (callback, step) in named {
+        let after: std::collections::HashSet<&str> =
+            step.depends_on.iter().map(String::as_str).collect();
+        if after == plain_ids {
+            callbacks.push((callback, step.spec));
+        } else {
+            named_plain.push(step);
+        }
+    }
+    plain.extend(named_plain);
     if plain.is_empty() {
         return Err(invalid("$.steps", "steps must contain at least one job."));
     }

@@ -493,3 +493,137 @@ async fn the_rust_clients_reads_find_the_shapes_it_parses() {
     r.assert_error(400, "invalid_request");
     assert_eq!(r.body["error"]["details"]["field"], "error.backtrace");
 }
+
+/// The `ojs` command line's cron controls, job listing, dead-letter count and workflow
+/// cancel: `cron --pause/--resume/--trigger`, `cron --enabled`, `jobs`, the `total` it
+/// prints over the dead letter queue, and `cancelled_steps`.
+#[tokio::test]
+async fn the_command_lines_cron_controls_listings_and_counts() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/cron",
+            json!({"name": "cli-tick", "expression": "* * * * * *", "overlap_policy": "allow",
+                "job_template": {"type": "cli.tick", "args": [1], "options": {"queue": "cli-cron"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let runs = || async {
+        app.get("/ojs/v1/cron/cli-tick").await.body["run_count"]
+            .as_u64()
+            .unwrap()
+    };
+    eventually(Duration::from_secs(5), "a first tick", || async {
+        (runs().await > 0).then_some(())
+    })
+    .await;
+    let r = app.post("/ojs/v1/cron/cli-tick/pause", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (r.body["enabled"].clone(), r.body["next_run_at"].clone()),
+        (json!(false), Value::Null)
+    );
+    let paused_at = runs().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        runs().await <= paused_at + 1,
+        "a paused entry fires no more (one tick may be under way)"
+    );
+    let listed = |enabled: &'static str| {
+        let app = &app;
+        async move {
+            let r = app.get(&format!("/ojs/v1/cron?enabled={enabled}")).await;
+            r.body["cron_jobs"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!((listed("false").await, listed("true").await), (1, 0));
+    app.get("/ojs/v1/cron?enabled=maybe")
+        .await
+        .assert_error(400, "invalid_request");
+    let r = app.post("/ojs/v1/cron/cli-tick/resume", json!({})).await;
+    assert_eq!(r.body["enabled"], true, "{}", r.body);
+    let resumed_at = runs().await;
+    eventually(Duration::from_secs(5), "ticks again", || async {
+        (runs().await > resumed_at).then_some(())
+    })
+    .await;
+
+    let r = app.post("/ojs/v1/cron/cli-tick/trigger", json!({})).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let job = app
+        .get(&format!(
+            "/ojs/v1/jobs/{}",
+            r.body["job_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(job.body["meta"]["cron_name"], "cli-tick");
+    assert_eq!(job.body["args"], json!([1]));
+    app.post("/ojs/v1/cron/no-such/trigger", json!({}))
+        .await
+        .assert_error(404, "not_found");
+
+    // `jobs --queue cli-cron`: the listing, its jobs and count where the command line
+    // reads them.
+    let r = app.get("/ojs/v1/jobs?queue=cli-cron&limit=100").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let total = r.body["total"].as_u64().unwrap();
+    assert!(total >= 2, "{}", r.body);
+    assert_eq!(r.body["jobs"], r.body["items"]);
+    assert_eq!(r.body["jobs"][0]["queue"], "cli-cron");
+
+    common::dead_letter_a_job(&app, "cli-dlq").await;
+    let r = app.get("/ojs/v1/dead-letter?limit=5&queue=").await;
+    assert_eq!(r.status, 200, "an empty queue is no filter: {}", r.body);
+    assert_eq!(r.body["total"], r.body["pagination"]["total"]);
+    assert!(r.body["total"].as_u64().unwrap() >= 1);
+
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"name": "cli-wf", "steps": [
+                {"id": "step-0", "type": "t.a", "args": []},
+                {"id": "step-1", "type": "t.b", "args": [], "depends_on": ["step-0"]}]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = app
+        .delete(&format!(
+            "/ojs/v1/workflows/{}",
+            r.body["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(r.body["cancelled_steps"], r.body["steps_cancelled"]);
+    assert_eq!(r.body["cancelled_steps"], 2);
+    assert_eq!(r.body["steps_already_complete"], 0);
+}
+
+/// The Rust client's workflows: `batch()` sends its callbacks as steps named for their
+/// type after every job, and workflow options are every step's defaults.
+#[tokio::test]
+async fn the_rust_clients_batch_and_workflow_options() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/workflows",
+            json!({"name": "rust-batch", "steps": [
+                {"id": "job-0", "type": "t.a", "args": [0]},
+                {"id": "job-1", "type": "t.a", "args": [1]},
+                {"id": "on-complete", "type": "t.done", "args": [], "depends_on": ["job-0", "job-1"]}],
+                "options": {"queue": "rust-wf"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["type"], "batch", "{}", r.body);
+    for _ in 0..2 {
+        let jobs = app.fetch(&["rust-wf"], "w").await;
+        assert_eq!(jobs.len(), 1, "the members run in the workflow's queue");
+        app.ack(json!({"job_id": jobs[0]["id"]})).await;
+    }
+    let callback = eventually(Duration::from_secs(5), "the callback", || async {
+        app.fetch(&["rust-wf"], "w").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(callback["type"], "t.done");
+}

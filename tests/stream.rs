@@ -162,8 +162,23 @@ async fn a_queue_stream_on_one_replica_carries_live_events_of_jobs_run_through_a
         ("job.completed", &json!(next))
     );
 
+    // The `ojs` command line's `events --queue live`: `queue=` is that queue's channel.
+    let mut by_queue = SseReader::open(
+        &a,
+        "/ojs/v1/events/stream?queue=live&event_types=job.completed",
+        None,
+    )
+    .await;
+    run_one(&b, "elsewhere").await;
+    let mine = run_one(&b, "live").await;
+    let got = by_queue.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(got.data["data"]["job_id"], json!(mine));
+
     // Bad filters are refused before any stream opens; unknown queues and jobs are 404.
     a.get("/ojs/v1/events/stream?channel=worker:w1")
+        .await
+        .assert_error(400, "invalid_request");
+    a.get("/ojs/v1/events/stream?channel=queue:live&queue=live")
         .await
         .assert_error(400, "invalid_request");
     a.get("/ojs/v1/events/stream?event_types=Not%20A%20Type")

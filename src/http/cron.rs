@@ -10,13 +10,19 @@ use axum::response::Response;
 use chrono::Utc;
 use serde_json::{json, Value};
 
+use std::time::Duration;
+
+use uuid::Uuid;
+
 use super::error::ApiError;
 use super::extract::{pagination, paging, JsonObject};
 use super::respond::{respond, wrapped_and_bare};
 use super::state::SharedState;
 use crate::domain::cron::{is_entry_name, CronEntry};
+use crate::domain::envelope;
 use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
+use crate::store::Enqueued;
 
 pub async fn register(
     State(state): State<SharedState>,
@@ -51,7 +57,21 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let (limit, offset) = paging(&params, DEFAULT_LIMIT, MAX_LIMIT)?;
-    let entries = state.store.cron().list();
+    // `?enabled=true|false` (cron spec §8.2) keeps the entries in that state.
+    let enabled = match params.get("enabled").map(String::as_str) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "enabled",
+                format!("enabled must be true or false, got {:?}.", truncated(other)),
+            )
+            .into())
+        }
+    };
+    let mut entries = state.store.cron().list();
+    entries.retain(|e| enabled.is_none_or(|wanted| e.enabled == wanted));
     let page: Vec<Value> = entries
         .iter()
         .skip(offset)
@@ -113,4 +133,66 @@ fn entry_name(name: &str) -> Result<&str, OjsError> {
     } else {
         Err(OjsError::not_found("cron entry", &truncated(name)))
     }
+}
+
+/// `POST /ojs/v1/cron/{name}/pause` and `…/resume` (the `ojs` command line): the entry
+/// stops or starts firing, as a registration with `enabled` set would do; a resumed entry
+/// fires from its next occurrence after now, not the ones it missed.
+pub async fn pause(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_enabled(&state, &name, false).await
+}
+
+pub async fn resume(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_enabled(&state, &name, true).await
+}
+
+async fn set_enabled(state: &SharedState, name: &str, enabled: bool) -> Result<Response, ApiError> {
+    let mut entry = state.store.cron().get(entry_name(name)?).await?;
+    entry.enabled = enabled;
+    // Registration keeps the stored creation time; this one only anchors the next run.
+    entry.created_at = Utc::now();
+    let (entry, _) = state.store.cron().register(entry).await?;
+    let entry = describe(&entry);
+    let mut answer = wrapped_and_bare("cron", entry.clone());
+    answer["cron_job"] = entry;
+    Ok(respond(StatusCode::OK, &answer))
+}
+
+/// `POST /ojs/v1/cron/{name}/trigger`: one job of the entry now, beside its schedule (a new
+/// id each time; `meta.cron_name` and `meta.cron_triggered_at` as a tick's job has them).
+pub async fn trigger(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let entry = state.store.cron().get(entry_name(&name)?).await?;
+    let now = Utc::now();
+    let mut body = entry.job_for_tick(now);
+    if let Value::Object(fields) = &mut body {
+        fields.remove("id");
+    }
+    let job = envelope::parse_with_default_exhaustion(
+        body,
+        now,
+        Uuid::now_v7(),
+        state.config.default_on_exhaustion,
+    )?;
+    let job = match state
+        .store
+        .jobs()
+        .enqueue(vec![job], Duration::ZERO)
+        .await?
+    {
+        Enqueued::Created(mut jobs) => jobs.remove(0),
+        Enqueued::Existing(job) => *job,
+    };
+    Ok(respond(
+        StatusCode::CREATED,
+        &json!({ "job_id": job.id, "job": job }),
+    ))
 }

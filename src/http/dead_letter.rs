@@ -25,7 +25,11 @@ pub async fn list(
 ) -> Result<Response, ApiError> {
     let limit = query_number(&params, "limit", DEFAULT_LIMIT, MAX_LIMIT)?.max(1);
     let offset = query_number(&params, "offset", 0, MAX_OFFSET)?;
-    let queue = params.get("queue").map(String::as_str);
+    // An empty `queue=` is no filter (the Rust client sends one when it names no queue).
+    let queue = params
+        .get("queue")
+        .map(String::as_str)
+        .filter(|q| !q.is_empty());
     if let Some(q) = queue {
         validate_queue(q)?;
     }
@@ -36,6 +40,8 @@ pub async fn list(
         StatusCode::OK,
         &json!({
             "jobs": page.jobs,
+            // Also at the top level, where the `ojs` command line reads it.
+            "total": page.total,
             "pagination": {"total": page.total, "limit": limit, "offset": offset, "has_more": has_more},
         }),
     ))

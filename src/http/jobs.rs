@@ -1,7 +1,7 @@
 //! PUSH (single and batch), INFO, CANCEL and ACTIVATE (HTTP binding §9).
 
-use axum::extract::{Path, State};
-use std::collections::BTreeSet;
+use axum::extract::{Path, Query, State};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -18,6 +18,7 @@ use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Job;
+use crate::domain::listing::ListQuery;
 use crate::store::{deadline, Enqueued};
 
 /// The request header of a PUSH willing to wait for room in a full queue.
@@ -196,6 +197,21 @@ async fn add_pressure<'a>(
 fn first_repeated_id(jobs: &[Job]) -> Option<usize> {
     let mut seen = std::collections::HashSet::with_capacity(jobs.len());
     jobs.iter().position(|j| !seen.insert(j.id.as_str()))
+}
+
+/// `GET /ojs/v1/jobs` (the `ojs` command line's `jobs`): the admin listing (admin spec
+/// §7.1, its filters and cursor), with the page's jobs also under `jobs` and the count
+/// under `total`, where the command line reads them.
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let q = ListQuery::parse(&params)?;
+    let page = state.store.jobs().list(&q).await?;
+    let mut body = super::admin::jobs::page_body(&q, page);
+    body["jobs"] = body["items"].clone();
+    body["total"] = body["pagination"]["total"].clone();
+    Ok(respond(StatusCode::OK, &body))
 }
 
 pub async fn info(

@@ -125,6 +125,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             "Delete finished jobs by id",
             bulk::delete,
         )
+        .add(
+            M::GET,
+            "/ojs/v1/jobs",
+            Admin,
+            "Jobs by queue, state and type, newest first (the admin listing)",
+            jobs::list,
+        )
         .add(M::GET, "/ojs/v1/jobs/{id}", Key, "A job (INFO)", jobs::info)
         .add(
             M::DELETE,
@@ -484,6 +491,27 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             Key,
             "Remove a cron entry",
             cron::delete,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/cron/{name}/pause",
+            Key,
+            "Stop a cron entry firing (enabled false)",
+            cron::pause,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/cron/{name}/resume",
+            Key,
+            "Let a cron entry fire again from its next occurrence",
+            cron::resume,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/cron/{name}/trigger",
+            Key,
+            "Enqueue one job of a cron entry now",
+            cron::trigger,
         )
         .add(
             M::POST,

@@ -128,15 +128,23 @@ fn last_event_id(headers: &HeaderMap, params: &HashMap<String, String>) -> Optio
     raw.split('.').next()?.trim().parse().ok()
 }
 
-/// `GET /ojs/v1/events/stream?channel=…&event_types=…`.
+/// `GET /ojs/v1/events/stream?channel=…&event_types=…`; `queue=<name>` instead of a
+/// channel is `channel=queue:<name>` (the `ojs` command line's `events --queue`).
 pub async fn events(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let channel = match params.get("channel") {
-        Some(raw) => Channel::parse(raw)?,
-        None => Channel::All,
+    let channel = match (params.get("channel"), params.get("queue")) {
+        (Some(raw), None) => Channel::parse(raw)?,
+        (None, Some(name)) => {
+            validate_queue(name)?;
+            Channel::Queue(name.clone())
+        }
+        (None, None) => Channel::All,
+        (Some(_), Some(_)) => {
+            return Err(OjsError::invalid("queue", "Give channel or queue, not both.").into())
+        }
     };
     let filter = Filter::from_query(channel, &params)?;
     open(&state, filter, last_event_id(&headers, &params), false).await

@@ -51,6 +51,9 @@ pub async fn cancel(
     );
     described.insert("steps_cancelled".into(), json!(cancelled));
     described.insert("steps_already_completed".into(), json!(rec.completed()));
+    // The names the `ojs` command line and the Rust client read.
+    described.insert("cancelled_steps".into(), json!(cancelled));
+    described.insert("steps_already_complete".into(), json!(rec.completed()));
     Ok(respond(StatusCode::OK, &answer(described)))
 }
 

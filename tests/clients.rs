@@ -627,3 +627,70 @@ async fn the_rust_clients_batch_and_workflow_options() {
     .await;
     assert_eq!(callback["type"], "t.done");
 }
+
+/// The `ojs` command line's `workers`, `workers --detail`, `rate-limits` and `system config`:
+/// flat fields where it reads them, beside the shapes the admin UI and the specs give.
+#[tokio::test]
+async fn the_command_lines_workers_rate_limits_and_config_read_flat() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/workers/heartbeat",
+            json!({"worker_id": "w-cli", "active_jobs": [], "hostname": "box", "pid": 42}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = app.get("/ojs/v1/admin/workers").await;
+    let listed = &r.body["items"][0];
+    assert_eq!(
+        (listed["directive"].as_str(), listed["pid"].as_u64()),
+        (Some("running"), Some(42))
+    );
+    assert_eq!(listed["last_heartbeat"], listed["last_heartbeat_at"]);
+    let r = app.get("/ojs/v1/admin/workers/w-cli").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    for field in [
+        "id",
+        "state",
+        "directive",
+        "last_heartbeat",
+        "hostname",
+        "pid",
+    ] {
+        assert_eq!(r.body[field], listed[field], "{field}");
+    }
+    assert_eq!(r.body["worker"]["worker_id"], "w-cli");
+
+    for i in 0..2 {
+        app.enqueue(
+            json!({"type": "t.rl", "args": [i], "options": {"queue": "cli-rl",
+            "rate_limit": {"concurrency": 2}}}),
+        )
+        .await;
+    }
+    assert_eq!(app.fetch(&["cli-rl"], "w").await.len(), 1);
+    let r = app.get("/ojs/v1/rate-limits").await;
+    let flat = &r.body["rate_limits"][0];
+    assert_eq!(
+        (
+            flat["key"].as_str(),
+            flat["concurrency"].as_u64(),
+            flat["active"].as_u64(),
+            flat["available"].as_u64()
+        ),
+        (Some("cli-rl"), Some(2), Some(1), Some(1)),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["items"][0]["concurrency"]["limit"], 2);
+    let r = app.get("/ojs/v1/rate-limits/cli-rl").await;
+    assert_eq!(
+        (r.body["active"].as_u64(), r.body["available"].as_u64()),
+        (Some(1), Some(1))
+    );
+
+    let r = app.get("/ojs/v1/admin/config").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body, app.get("/ojs/v1/admin/system/config").await.body);
+}

@@ -23,13 +23,27 @@ pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError
             items.push(item(&state, &queue, usage).await?);
         }
     }
+    // `rate_limits`: the same limits flat, a concurrency limit as a number beside its
+    // `active` and `available` (the `ojs` command line reads them so).
+    let flat: Vec<Value> = items.iter().map(flat).collect();
     Ok(respond(
         StatusCode::OK,
         &json!({
             "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
             "items": items,
+            "rate_limits": flat,
         }),
     ))
+}
+
+fn flat(item: &Value) -> Value {
+    let mut out = item.clone();
+    if let Some(concurrency) = item.get("concurrency") {
+        out["concurrency"] = concurrency["limit"].clone();
+        out["active"] = concurrency["active"].clone();
+        out["available"] = concurrency["available"].clone();
+    }
+    out
 }
 
 /// `GET /rate-limits/{key}`, the key being a queue's name.
@@ -56,11 +70,15 @@ async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Val
         .map_or(0, |c| c.states.of(JobState::Available));
     let mut body = json!({"key": queue, "waiting_count": waiting});
     if let Some(limit) = usage.limits.concurrency {
+        let available = limit.saturating_sub(usage.active);
         body["concurrency"] = json!({
             "limit": limit,
             "active": usage.active,
-            "available": limit.saturating_sub(usage.active),
+            "available": available,
         });
+        // Also flat, where the `ojs` command line's `rate-limits --inspect` reads them.
+        body["active"] = json!(usage.active);
+        body["available"] = json!(available);
     }
     if let Some(rate) = usage.limits.rate {
         body["rate"] = json!({

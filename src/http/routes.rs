@@ -283,6 +283,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/config",
+            Admin,
+            "The settings in force (alias, the ojs command line's)",
+            admin::system::config,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/admin/queues",
             Admin,
             "Queues with their counts",

@@ -241,9 +241,7 @@ impl Workers {
         limit: usize,
     ) -> Result<(WorkerCensus, Vec<(WorkerRecord, bool)>), OjsError> {
         let now = Utc::now();
-        let stale = |last_seen: DateTime<Utc>| {
-            (now - last_seen).to_std().unwrap_or_default() >= self.conn.heartbeat_timeout
-        };
+        let stale = |last_seen: DateTime<Utc>| self.is_stale(last_seen, now);
         let mut census = WorkerCensus::default();
         let mut ids = Vec::new();
         for w in self.own.mirror.values() {
@@ -271,6 +269,12 @@ impl Workers {
             })
             .collect();
         Ok((census, page))
+    }
+
+    /// Whether a worker last heard from at `last_seen` is silent past the heartbeat timeout
+    /// at `now` (stale, and not yet declared dead while it is in the registry).
+    pub fn is_stale(&self, last_seen: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+        (now - last_seen).to_std().unwrap_or_default() >= self.conn.heartbeat_timeout
     }
 
     /// How many workers the registry holds, from this replica's mirror.

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use chrono::Utc;
 use serde_json::{json, Value};
 
 use crate::domain::error::OjsError;
@@ -51,7 +52,12 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let worker = state.store.workers().get(known_worker(&id)?).await?;
-    Ok(respond(StatusCode::OK, &json!({ "worker": worker })))
+    // As listed, at the top level (the `ojs` command line's `workers --detail`), and the
+    // whole record under `worker`.
+    let stale = state.store.workers().is_stale(worker.last_seen, Utc::now());
+    let mut body = item(&worker, stale);
+    body["worker"] = json!(worker);
+    Ok(respond(StatusCode::OK, &body))
 }
 
 /// Admin spec §9.3: the worker stops fetching and finishes what it holds.
@@ -87,21 +93,20 @@ async fn direct(
 }
 
 /// A worker as listed (admin spec §9.1); `state` is `stale` for a worker silent past the
-/// heartbeat timeout, else the directive in force.
+/// heartbeat timeout, else the directive in force, which `directive` always names.
+/// `last_heartbeat` and `pid` are what the `ojs` command line reads.
 fn item(w: &WorkerRecord, stale: bool) -> Value {
-    let state = if stale {
-        "stale"
-    } else {
-        match w.directive {
-            WorkerState::Running => "running",
-            WorkerState::Quiet => "quiet",
-            WorkerState::Terminate => "terminate",
-        }
+    let directive = match w.directive {
+        WorkerState::Running => "running",
+        WorkerState::Quiet => "quiet",
+        WorkerState::Terminate => "terminate",
     };
     json!({
         "id": w.worker_id,
         "hostname": w.info.get("hostname"),
-        "state": state,
+        "pid": w.info.get("pid"),
+        "state": if stale { "stale" } else { directive },
+        "directive": directive,
         "reported_state": w.reported_state,
         "queues": w.info.get("queues"),
         "concurrency": w.info.get("concurrency"),
@@ -109,6 +114,7 @@ fn item(w: &WorkerRecord, stale: bool) -> Value {
         "active_job_ids": w.active_job_ids,
         "started_at": format(w.first_seen),
         "last_heartbeat_at": format(w.last_seen),
+        "last_heartbeat": format(w.last_seen),
         "metadata": w.info,
     })
 }

@@ -40,13 +40,23 @@ pub async fn register(
         StatusCode::OK
     };
     let entry = describe(&entry);
-    let mut answer = if clients_form {
-        entry.clone()
+    let answer = if clients_form {
+        let mut bare = entry.clone();
+        bare["cron_job"] = entry;
+        bare
     } else {
-        wrapped_and_bare("cron", entry.clone())
+        answer(entry)
     };
-    answer["cron_job"] = entry;
     Ok(respond(status, &answer))
+}
+
+/// An entry's answer: its fields at the top level (the `ojs` command line, the Rust
+/// client), under `cron` (the suites) and under `cron_job` (the HTTP binding, the
+/// JavaScript client).
+fn answer(entry: Value) -> Value {
+    let mut answer = wrapped_and_bare("cron", entry.clone());
+    answer["cron_job"] = entry;
+    answer
 }
 
 const DEFAULT_LIMIT: usize = 100;
@@ -94,10 +104,7 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let entry = describe(&state.store.cron().get(entry_name(&name)?).await?);
-    // Bare too, for the `ojs` command line; `cron` is the entry, as at registration.
-    let mut answer = wrapped_and_bare("cron", entry.clone());
-    answer["cron_job"] = entry;
-    Ok(respond(StatusCode::OK, &answer))
+    Ok(respond(StatusCode::OK, &answer(entry)))
 }
 
 pub async fn delete(
@@ -158,10 +165,7 @@ async fn set_enabled(state: &SharedState, name: &str, enabled: bool) -> Result<R
     // Registration keeps the stored creation time; this one only anchors the next run.
     entry.created_at = Utc::now();
     let (entry, _) = state.store.cron().register(entry).await?;
-    let entry = describe(&entry);
-    let mut answer = wrapped_and_bare("cron", entry.clone());
-    answer["cron_job"] = entry;
-    Ok(respond(StatusCode::OK, &answer))
+    Ok(respond(StatusCode::OK, &answer(describe(&entry))))
 }
 
 /// `POST /ojs/v1/cron/{name}/trigger`: one job of the entry now, beside its schedule (a new

@@ -18,7 +18,6 @@ use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::job::Job;
-use crate::domain::listing::ListQuery;
 use crate::store::{deadline, Enqueued};
 
 /// The request header of a PUSH willing to wait for room in a full queue.
@@ -206,9 +205,7 @@ pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let q = ListQuery::parse(&params)?;
-    let page = state.store.jobs().list(&q).await?;
-    let mut body = super::admin::jobs::page_body(&q, page);
+    let mut body = super::admin::jobs::listing(&state, &params).await?;
     body["jobs"] = body["items"].clone();
     body["total"] = body["pagination"]["total"].clone();
     Ok(respond(StatusCode::OK, &body))

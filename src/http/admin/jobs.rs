@@ -22,9 +22,17 @@ pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let q = ListQuery::parse(&params)?;
+    Ok(respond(StatusCode::OK, &listing(&state, &params).await?))
+}
+
+/// The page of the jobs listing `params` ask for (also `GET /ojs/v1/jobs`'s).
+pub async fn listing(
+    state: &SharedState,
+    params: &HashMap<String, String>,
+) -> Result<Value, ApiError> {
+    let q = ListQuery::parse(params)?;
     let page = state.store.jobs().list(&q).await?;
-    Ok(respond(StatusCode::OK, &page_body(&q, page)))
+    Ok(page_body(&q, page))
 }
 
 /// The body of a listing page, shared with the dead-letter listing.

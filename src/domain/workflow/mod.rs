@@ -181,6 +181,12 @@ mod tests {
             json!({"type": "chain", "options": 3, "steps": [{"type": "t", "args": []}]})
         )
         .contains("options"));
+        // Copied into every job, so bounded in all: 10,000 jobs times 2 KB is refused.
+        let jobs: Vec<Value> = (0..10_000)
+            .map(|_| json!({"type": "t", "args": []}))
+            .collect();
+        let big = json!({"type": "group", "jobs": jobs, "options": {"note": "x".repeat(2048)}});
+        assert!(refused(big).contains("copied"));
     }
 
     #[test]

@@ -72,10 +72,25 @@ pub fn parse(body: Value) -> Result<Request, OjsError> {
         return Err(too_many(jobs));
     }
     if let Some(defaults) = defaults {
+        // Copied into every job: bounded in all, so a request cannot grow by its job count.
+        let copied = serde_json::to_vec(defaults).map_or(0, |b| b.len()) * request.envelopes();
+        if copied > MAX_DEFAULTS_COPIED {
+            return Err(invalid(
+                "$.options",
+                format!(
+                    "options are copied into each of the workflow's {} jobs and callbacks: {copied} bytes in all, at most {MAX_DEFAULTS_COPIED}.",
+                    request.envelopes()
+                ),
+            ));
+        }
         request.default_options(defaults);
     }
     Ok(request)
 }
+
+/// Most bytes a workflow's top-level `options` may add to its jobs in all (the default
+/// request body limit).
+const MAX_DEFAULTS_COPIED: usize = 16 << 20;
 
 /// Refused before anything of the workflow is looked at further (also as soon as one list
 /// alone is too long).
@@ -107,6 +122,19 @@ impl Request {
                 }
             }
         }
+    }
+
+    /// Job envelopes in the tree, callbacks included.
+    fn envelopes(&self) -> usize {
+        self.callbacks.len()
+            + self
+                .members
+                .iter()
+                .map(|m| match &m.what {
+                    Member::Job(_) => 1,
+                    Member::Workflow(w) => w.envelopes(),
+                })
+                .sum::<usize>()
     }
 
     /// Member jobs in the tree (callbacks aside).

@@ -672,7 +672,7 @@ impl Engine {
                 "type": err.error_type,
                 "message": err.message,
                 "retryable": err.retryable,
-                "backtrace": err.backtrace.as_deref().map(truncate_backtrace),
+                "backtrace": err.backtrace.as_deref().map(frames),
             },
         });
         self.report("/ojs/v1/workers/nack", body).await
@@ -807,17 +807,19 @@ fn panic_error(payload: Box<dyn std::any::Any + Send>) -> HandlerError {
     }
 }
 
-fn truncate_backtrace(trace: &str) -> String {
-    let frames: Vec<&str> = trace.lines().take(MAX_BACKTRACE_FRAMES * 2).collect();
-    let mut out = frames.join("\n");
-    if out.len() > MAX_BACKTRACE_CHARS {
-        let mut cut = MAX_BACKTRACE_CHARS;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-    }
-    out
+/// A backtrace as core §8 sends it, an array of frame strings: its non-empty lines, at most
+/// `MAX_BACKTRACE_FRAMES` of them and `MAX_BACKTRACE_CHARS` in all.
+fn frames(trace: &str) -> Vec<&str> {
+    let mut chars = 0;
+    trace
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .take(MAX_BACKTRACE_FRAMES)
+        .take_while(|line| {
+            chars += line.len();
+            chars <= MAX_BACKTRACE_CHARS
+        })
+        .collect()
 }
 
 /// SIGTERM → terminate, SIGTSTP → quiet, SIGCONT → running, SIGINT → immediate (§9).
@@ -875,8 +877,13 @@ mod tests {
         let long: String = (0..500)
             .map(|i| format!("frame {i} {}\n", "x".repeat(80)))
             .collect();
-        let t = truncate_backtrace(&long);
-        assert!(t.len() <= MAX_BACKTRACE_CHARS);
-        assert!(t.lines().count() <= MAX_BACKTRACE_FRAMES * 2);
+        let t = frames(&long);
+        assert_eq!(t.len(), MAX_BACKTRACE_FRAMES);
+        assert!(t.iter().map(|f| f.len()).sum::<usize>() <= MAX_BACKTRACE_CHARS);
+        let wide: String = (0..20)
+            .map(|_| format!("{}\n", "y".repeat(2_000)))
+            .collect();
+        assert_eq!(frames(&wide).len(), 5, "cut at the character bound");
+        assert_eq!(frames("a\n\n  \nb\n"), ["a", "b"]);
     }
 }

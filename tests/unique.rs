@@ -82,6 +82,10 @@ async fn sixty_four_concurrent_enqueues_through_two_replicas_create_one_job() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body["deduplicated"], true);
     assert_eq!(r.body["job"]["id"], ignored[0].1.as_str());
+    assert_eq!(
+        r.body["id"], r.body["job"]["id"],
+        "the job's fields at the top level too"
+    );
 }
 
 #[tokio::test]

@@ -45,10 +45,9 @@ pub async fn enqueue(
         Enqueued::Created(mut jobs) => jobs.remove(0),
         // Unique `ignore`: the job holding the key (unique-jobs spec §5.4).
         Enqueued::Existing(job) => {
-            return Ok(respond(
-                StatusCode::OK,
-                &json!({ "job": job, "deduplicated": true }),
-            ))
+            let mut body = wrapped_and_bare("job", json!(job));
+            body["deduplicated"] = json!(true);
+            return Ok(respond(StatusCode::OK, &body));
         }
     };
     let location = format!("/ojs/v1/jobs/{}", job.id);

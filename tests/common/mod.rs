@@ -365,12 +365,16 @@ impl NatsCluster {
     }
 }
 
+/// A free port below the kernel's ephemeral range (32768 and up on Linux). A server
+/// restarted on its port must find it free again, and ports of that range go to every
+/// outgoing connection and `bind(0)` meanwhile: a restart in CI once found its port taken.
 fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = rand::random_range(20_000..32_000);
+        if StdListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Whether what listens on `port` greets like a NATS server (not, say, another test's

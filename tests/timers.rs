@@ -223,6 +223,34 @@ async fn a_timer_delivery_lost_on_the_way_comes_again_once_the_next_one_shows_th
     }
 }
 
+/// The last timer delivery lost on the way (`timers.delivered=lose(1)` and one timer): no
+/// later delivery shows the gap, so the consumer's count of deliveries, read while the
+/// feed is quiet, does. The job is promoted within the two quiet probes (2 s apart), not
+/// after the AckWait of over two minutes.
+#[tokio::test]
+async fn the_last_timer_delivery_lost_on_the_way_comes_again_once_the_feed_is_quiet() {
+    let _measuring = common::measuring();
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "timers.delivered=lose(1)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app
+        .enqueue(json!({"type": "t.s", "args": [1], "options": {"queue": "lostlast", "scheduled_at": at(1000)}}))
+        .await;
+    let job = eventually(Duration::from_secs(10), "the job promoted", || async {
+        let job = app.job(&id).await;
+        (job["state"] == "available").then_some(job)
+    })
+    .await;
+    let late = ts(&job["enqueued_at"]) - ts(&job["scheduled_at"]);
+    assert!(
+        (0..=5000).contains(&late.num_milliseconds()),
+        "promoted {late:?} after its time"
+    );
+}
+
 /// Past `max_pending_timers`, PUSH of a job needing a timer gets 429 `queue_full` and writes
 /// nothing; jobs needing none, retries and worker timers still go through.
 #[tokio::test]

@@ -87,12 +87,30 @@ async fn subscribe(consumer: &PullConsumer) -> Result<pull::Stream, StreamError>
 /// `renewed` dropped. They count as delivered and pending until the AckWait.
 pub(super) struct Deliveries {
     last: u64,
+    /// The consumer's deliveries so far as the last quiet probe read them, when more than
+    /// had arrived: still on the way then, or lost.
+    suspect: Option<u64>,
 }
 
 impl Deliveries {
     /// Counting on from `delivered`, the consumer's deliveries so far (0 for a new one).
     pub(super) fn after(delivered: u64) -> Deliveries {
-        Deliveries { last: delivered }
+        Deliveries {
+            last: delivered,
+            suspect: None,
+        }
+    }
+
+    /// How many deliveries were lost with none after them to show the gap, at a probe of
+    /// a quiet feed that read `delivered`, the consumer's deliveries so far. One not
+    /// arrived yet may still be on the way at the probe that reads it; not arrived by the
+    /// next probe, a feed quiet all the while, it was lost.
+    pub(super) fn quiet(&mut self, delivered: u64) -> u64 {
+        let lost = self
+            .suspect
+            .map_or(0, |suspect| suspect.saturating_sub(self.last));
+        self.suspect = (delivered > self.last).then_some(delivered);
+        lost
     }
 
     /// How many deliveries before `delivery` (its consumer sequence) never arrived. A number
@@ -127,5 +145,28 @@ mod tests {
         assert_eq!(deliveries.lost_before(6), 0);
         assert_eq!(Deliveries::after(10).lost_before(11), 0);
         assert_eq!(Deliveries::after(10).lost_before(13), 2);
+    }
+
+    #[test]
+    fn a_delivery_missing_at_two_quiet_probes_in_a_row_is_lost() {
+        let mut deliveries = Deliveries::after(3);
+        assert_eq!(deliveries.quiet(3), 0, "all arrived");
+        assert_eq!(deliveries.quiet(5), 0, "two may still be on the way");
+        assert_eq!(deliveries.quiet(5), 2, "still missing at the next probe");
+
+        let mut deliveries = Deliveries::after(3);
+        assert_eq!(deliveries.quiet(5), 0);
+        assert_eq!(deliveries.lost_before(4), 0);
+        assert_eq!(deliveries.lost_before(5), 0);
+        assert_eq!(deliveries.quiet(5), 0, "arrived between the probes");
+
+        let mut deliveries = Deliveries::after(3);
+        assert_eq!(deliveries.quiet(6), 0);
+        assert_eq!(deliveries.lost_before(4), 0);
+        assert_eq!(deliveries.quiet(6), 2, "the last two of three never came");
+
+        let mut deliveries = Deliveries::after(5);
+        assert_eq!(deliveries.quiet(3), 0, "numbered again: nothing missing");
+        assert_eq!(deliveries.quiet(3), 0);
     }
 }

@@ -84,8 +84,16 @@ pub struct TimerFeed {
         Result<async_nats::jetstream::Message, pull::MessagesError>,
     >,
     deliveries: Deliveries,
+    /// The feed's consumer, for the deliveries it counts when the feed is quiet.
+    consumer: PullConsumer,
+    /// When to read the consumer's deliveries next, unless a timer arrives first.
+    probe_at: tokio::time::Instant,
     conn: Arc<Connection>,
 }
+
+/// How long the timer feed stays quiet before its consumer's deliveries are read: a
+/// delivery lost with none after it is found at the second such probe.
+const QUIET_PROBE: Duration = Duration::from_secs(2);
 
 impl TimerFeed {
     /// The next pending timer; `None` when the feed ended, or when a delivery was lost on
@@ -94,10 +102,23 @@ impl TimerFeed {
     /// A delivery in flight when the reader's connection or the consumer's leader goes down
     /// is lost, and counts as pending until the AckWait (over two minutes): a retry's
     /// timer so lost once held its job past a rolling restart's drain. The next delivery
-    /// shows the gap.
+    /// shows the gap; with none after it, the consumer's count of deliveries does, read
+    /// while the feed is quiet. The probe's time is kept across calls, since the scheduler
+    /// drops this future whenever something else wakes it first.
     pub async fn next(&mut self) -> Option<PendingTimer> {
         loop {
-            let msg = match self.messages.next().await? {
+            let item = tokio::select! {
+                item = self.messages.next() => item?,
+                _ = tokio::time::sleep_until(self.probe_at) => {
+                    self.probe_at = tokio::time::Instant::now() + QUIET_PROBE;
+                    if self.lost_while_quiet().await {
+                        return None;
+                    }
+                    continue;
+                }
+            };
+            self.probe_at = tokio::time::Instant::now() + QUIET_PROBE;
+            let msg = match item {
                 Ok(msg) => msg,
                 Err(err) => {
                     warn!(error = %err, "timer feed error");
@@ -140,6 +161,22 @@ impl TimerFeed {
                 }
             }
         }
+    }
+
+    /// Whether the consumer's count of deliveries, read now, says some never arrived. A
+    /// failed read (NATS electing the consumer's leader) says nothing.
+    async fn lost_while_quiet(&mut self) -> bool {
+        let Ok(info) = self.consumer.get_info().await else {
+            return false;
+        };
+        let lost = self.deliveries.quiet(info.delivered.consumer_sequence);
+        if lost > 0 {
+            warn!(
+                lost,
+                "the last timer deliveries were lost on the way; reading every pending timer again"
+            );
+        }
+        lost > 0
     }
 }
 
@@ -197,12 +234,14 @@ impl Leader {
             })
             .await
             .map_err(backend("creating the timer consumer"))?;
-        let messages = feed::renewed(consumer, "timers")
+        let messages = feed::renewed(consumer.clone(), "timers")
             .await
             .map_err(backend("reading timers"))?;
         Ok(TimerFeed {
             messages,
             deliveries: Deliveries::after(0),
+            consumer,
+            probe_at: tokio::time::Instant::now() + QUIET_PROBE,
             conn: self.conn.clone(),
         })
     }

@@ -389,6 +389,15 @@ pub fn validate_type(t: &str) -> Result<(), OjsError> {
     }
 }
 
+/// Reads an id a request names as a job id; anything else names no job (404) and never
+/// reaches NATS, where it would become part of a subject.
+///
+/// # Errors
+/// `not_found` for text that is no job id.
+pub fn named_job_id(raw: &str) -> Result<String, OjsError> {
+    parse_job_id(raw).ok_or_else(|| OjsError::not_found("job", &fields::truncated(raw)))
+}
+
 /// Core §5.1: `[a-z0-9][a-z0-9\-\.]*`, at most 128 characters.
 pub fn validate_queue(q: &str) -> Result<(), OjsError> {
     if is_name(q, MAX_QUEUE_LEN) {

@@ -5,8 +5,6 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::domain::error::OjsError;
-use crate::domain::fields::truncated;
 use crate::domain::job::Job;
 
 /// The only response media type (HTTP binding §4.3).
@@ -76,9 +74,4 @@ pub fn wrapped_and_bare(key: &str, object: serde_json::Value) -> serde_json::Val
     serde_json::Value::Object(body)
 }
 
-/// Reads a path id as a job id; anything else names no job (404) and never reaches NATS,
-/// where it would become part of a subject.
-pub(crate) fn job_id(raw: &str) -> Result<String, OjsError> {
-    crate::domain::envelope::parse_job_id(raw)
-        .ok_or_else(|| OjsError::not_found("job", &truncated(raw)))
-}
+pub(crate) use crate::domain::envelope::named_job_id as job_id;

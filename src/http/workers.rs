@@ -7,42 +7,23 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 use super::extract::JsonObject;
 use super::respond::{respond, SomeJobs};
 use super::state::SharedState;
-use crate::domain::error::OjsError;
 use crate::domain::job::Job;
 use crate::domain::requests;
 use crate::domain::state::JobState;
 use crate::domain::time;
-use crate::store::{deadline, WorkerState};
+use crate::store::WorkerState;
 
 pub async fn fetch(
     State(state): State<SharedState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let req = requests::fetch(&body, &state.config.request_limits())?;
-    // The deadline of every NATS step: the wait, then the request's own time.
-    let deadline = deadline::wait_on_top(req.wait.unwrap_or_default());
-    // A spawned task finishes its claims even if the client goes away mid-request, so no
-    // delivered message is left unsettled; the client's going (this handler dropped)
-    // ends its wait, and what it claimed by then goes straight back to the queue.
-    let gone = CancellationToken::new();
-    let _gone_when_dropped = gone.clone().drop_guard();
-    let store = state.store.clone();
-    let task = deadline::within(deadline, async move {
-        let jobs = store.jobs().fetch(&req, &gone).await?;
-        if gone.is_cancelled() && !jobs.is_empty() {
-            store.jobs().hand_back_unsent(&jobs).await;
-        }
-        Ok::<_, OjsError>(jobs)
-    });
-    let jobs = tokio::spawn(task)
-        .await
-        .map_err(|e| OjsError::backend("The fetch task failed.").with_source(e))??;
+    let jobs = state.store.jobs().fetch_for_caller(req).await?;
     Ok(respond(StatusCode::OK, &SomeJobs { jobs: &jobs }))
 }
 

@@ -188,6 +188,30 @@ impl Jobs {
         }
     }
 
+    /// FETCH for a caller that may go away mid-request (HTTP and gRPC): the claims run in
+    /// a task of their own within the current deadline (moved `req.wait` later), so no
+    /// delivered message is left unsettled if this future is dropped; the caller's going
+    /// ends the wait, and what was claimed by then goes straight back to the queue.
+    ///
+    /// # Errors
+    /// As [`Jobs::fetch`].
+    pub async fn fetch_for_caller(&self, req: FetchRequest) -> Result<Vec<Job>, OjsError> {
+        let deadline = deadline::wait_on_top(req.wait.unwrap_or_default());
+        let gone = CancellationToken::new();
+        let _gone_when_dropped = gone.clone().drop_guard();
+        let jobs = self.clone();
+        let task = deadline::within(deadline, async move {
+            let claimed = jobs.fetch(&req, &gone).await?;
+            if gone.is_cancelled() && !claimed.is_empty() {
+                jobs.hand_back_unsent(&claimed).await;
+            }
+            Ok::<_, OjsError>(claimed)
+        });
+        tokio::spawn(task)
+            .await
+            .map_err(|e| OjsError::backend("The fetch task failed.").with_source(e))?
+    }
+
     /// Hands back the jobs a FETCH claimed for a client that went away before they were
     /// sent (`lifecycle::hand_back`): each available again at once, its attempt not
     /// counted, its queue message delivered again first in line. One that cannot be

@@ -83,7 +83,7 @@ nats_pid=$!
 wait_until nats-server "$nats_pid" "$work/nats.log" 10 port_open 127.0.0.1 "$nats_port"
 
 # OJS_API_KEY set: the gateway asks for that key and the benchmark sends it (auth on).
-OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" \
+OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" OJS_GRPC_LISTEN= \
     OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 wait_until gateway "$gateway_pid" "$work/gateway.log" 30 http_ok "http://127.0.0.1:$http_port/ojs/v1/health"
@@ -113,7 +113,7 @@ if [[ -n "${BENCH_LEADER_DELAY_US:-}" ]]; then
         >"$work/proxy.log" 2>&1 &
     proxy_pid=$!
     wait_until delay-proxy "$proxy_pid" "$work/proxy.log" 10 port_open 127.0.0.1 "$proxy_port"
-    OJS_NATS_URL="nats://127.0.0.1:$proxy_port" OJS_LISTEN="127.0.0.1:$delayed_port" \
+    OJS_NATS_URL="nats://127.0.0.1:$proxy_port" OJS_LISTEN="127.0.0.1:$delayed_port" OJS_GRPC_LISTEN= \
         OJS_NAMESPACE=delayed OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve \
         >"$work/delayed-gateway.log" 2>&1 &
     gateway_pid=$!

@@ -97,7 +97,7 @@ start_gateway() {
     env -u OJS_SHARED_DIR \
         OJS_CONFIG="$dir/no-config.toml" \
         OJS_NATS_URL="nats://127.0.0.1:$nats_port" \
-        OJS_LISTEN="127.0.0.1:$port" \
+        OJS_LISTEN="127.0.0.1:$port" OJS_GRPC_LISTEN= \
         OJS_NAMESPACE=ojs \
         "$@" \
         "$bin" serve >"$dir/gateway.log" 2>&1 &

@@ -21,15 +21,42 @@ use crate::store::Store;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 
-/// Runs a gateway on `listener` until `shutdown` resolves.
+/// Where a gateway listens: HTTP, and gRPC when it serves it.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub grpc: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses of `config`.
+    ///
+    /// # Errors
+    /// Says which address could not be bound.
+    pub async fn bind(config: &Config) -> Result<Listeners, String> {
+        let http = TcpListener::bind(config.listen)
+            .await
+            .map_err(|err| format!("cannot listen on {}: {err}", config.listen))?;
+        let grpc = match config.grpc_addr() {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|err| format!("cannot listen for gRPC on {addr}: {err}"))?,
+            ),
+            None => None,
+        };
+        Ok(Listeners { http, grpc })
+    }
+}
+
+/// Runs a gateway on `listeners` until `shutdown` resolves.
 ///
 /// Waits for NATS first, as long as it takes (or until `shutdown`).
 ///
 /// # Errors
-/// When the HTTP server fails.
+/// When the HTTP or gRPC server fails.
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), OjsError> {
     let keys = Keys::from_config(&config).map_err(OjsError::backend)?;
@@ -65,14 +92,30 @@ pub async fn run(
         started: Instant::now(),
         event_streams: Arc::new(tokio::sync::Semaphore::new(crate::http::MAX_EVENT_STREAMS)),
         stalls,
+        grpc_addr: listeners.grpc.as_ref().and_then(|l| l.local_addr().ok()),
     });
     let store = state.store.clone();
-    let shutdown = async move {
+    let stopping = async move {
         shutdown.await;
-        // Before the server waits for in-flight requests: long polls would hold it up to 10 s.
+        // Before the servers wait for in-flight requests: long polls would hold them up to
+        // 10 s, and job and event streams end as their waits do.
         store.jobs().stop_waiting();
-    };
-    serve(listener, state, keys, shutdown).await?;
+    }
+    .shared();
+    let grpc = listeners.grpc.map(|listener| {
+        tokio::spawn(crate::grpc::serve(
+            listener,
+            state.clone(),
+            keys.clone(),
+            stopping.clone(),
+        ))
+    });
+    let served = serve(listeners.http, state, keys, stopping).await;
+    if let Some(grpc) = grpc {
+        grpc.await
+            .map_err(|e| OjsError::backend("The gRPC server task failed.").with_source(e))??;
+    }
+    served?;
 
     cancel.cancel();
     tasks.close();

@@ -20,6 +20,13 @@ use sha2::{Digest, Sha256};
 pub struct Config {
     /// HTTP listen address.
     pub listen: SocketAddr,
+    /// gRPC listen address (gRPC binding); empty: no gRPC.
+    pub grpc_listen: String,
+    /// Certificate and key (PEM) of the gRPC listener: TLS when set.
+    pub grpc_tls_cert_file: String,
+    pub grpc_tls_key_file: String,
+    /// CA (PEM) whose certificates gRPC clients must present (mutual TLS); empty: none asked.
+    pub grpc_tls_client_ca_file: String,
     /// NATS server URL(s), comma-separated.
     pub nats_url: String,
     /// Prefix of every stream, bucket and subject, so several deployments (or tests) can
@@ -171,6 +178,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_listen: "127.0.0.1:9090".into(),
+            grpc_tls_cert_file: String::new(),
+            grpc_tls_key_file: String::new(),
+            grpc_tls_client_ca_file: String::new(),
             nats_url: "nats://127.0.0.1:4222".into(),
             namespace: "ojs".into(),
             service_name: "ojs-jetstream".into(),
@@ -609,6 +620,24 @@ impl Config {
         if self.nats_password.is_set() && self.nats_user.is_empty() {
             return invalid("nats_password", "needs nats_user");
         }
+        if !self.grpc_listen.is_empty() && self.grpc_listen.parse::<SocketAddr>().is_err() {
+            return invalid(
+                "grpc_listen",
+                "must be an address and port, or empty for no gRPC",
+            );
+        }
+        if self.grpc_tls_cert_file.is_empty() != self.grpc_tls_key_file.is_empty() {
+            return invalid(
+                "grpc_tls_cert_file",
+                "grpc_tls_cert_file and grpc_tls_key_file go together",
+            );
+        }
+        if !self.grpc_tls_client_ca_file.is_empty() && self.grpc_tls_cert_file.is_empty() {
+            return invalid(
+                "grpc_tls_client_ca_file",
+                "mutual TLS needs the server's own certificate (grpc_tls_cert_file)",
+            );
+        }
         if self.nats_tls_cert_file.is_empty() != self.nats_tls_key_file.is_empty() {
             return invalid(
                 "nats_tls_cert_file",
@@ -657,6 +686,11 @@ impl Config {
     }
 
     /// What one worker request may name.
+    /// The gRPC listen address, `None` when gRPC is off. `validate` refused a bad one.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_listen.parse().ok()
+    }
+
     pub fn request_limits(&self) -> crate::domain::requests::Limits {
         crate::domain::requests::Limits {
             fetch_queues: self.max_fetch_queues,

@@ -18,6 +18,7 @@ pub mod config;
 pub mod coordinator;
 pub mod domain;
 pub mod failpoint;
+pub mod grpc;
 pub mod http;
 pub mod store;
 pub mod telemetry;

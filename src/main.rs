@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use cli::{Cli, Command};
 use ojs_jetstream::{app, config::Config, telemetry};
-use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The gateway allocates many short-lived buffers from several threads at once (JSON bodies,
@@ -65,14 +64,14 @@ async fn serve() -> ExitCode {
         }
     };
     telemetry::init_tracing(config.log_format);
-    let listener = match TcpListener::bind(config.listen).await {
+    let listeners = match app::Listeners::bind(&config).await {
         Ok(l) => l,
         Err(err) => {
-            eprintln!("cannot listen on {}: {err}", config.listen);
+            eprintln!("{err}");
             return ExitCode::FAILURE;
         }
     };
-    match app::run(config, listener, shutdown_signal()).await {
+    match app::run(config, listeners, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("{}", err.with_causes());

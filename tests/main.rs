@@ -17,6 +17,7 @@ mod events;
 mod failpoints;
 mod faults;
 mod fuzz_http;
+mod grpc;
 mod hostile;
 mod imports;
 mod leader_services;

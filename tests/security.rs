@@ -364,12 +364,15 @@ async fn a_gateway_connects_with_a_credentials_file() {
 #[tokio::test]
 async fn a_credentials_file_that_cannot_be_read_stops_the_gateway_at_start() {
     let nats = NatsServer::start();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listeners = ojs_jetstream::app::Listeners {
+        http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        grpc: None,
+    };
     let config = Config {
         nats_credentials_file: "/nonexistent/gateway.creds".into(),
         ..test_config(&nats.url)
     };
-    let run = ojs_jetstream::app::run(config, listener, std::future::pending());
+    let run = ojs_jetstream::app::run(config, listeners, std::future::pending());
     let err = tokio::time::timeout(std::time::Duration::from_secs(5), run)
         .await
         .expect("the gateway stops at once instead of waiting for NATS")

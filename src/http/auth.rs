@@ -58,12 +58,12 @@ impl Keys {
     }
 
     /// No key is set: every route is open.
-    fn no_keys(&self) -> bool {
+    pub(crate) fn no_keys(&self) -> bool {
         self.api.is_empty() && self.admin.is_empty()
     }
 
     /// What a request needs, `None` when it may pass.
-    fn check(&self, access: Access, bearer: Option<&str>) -> Option<OjsError> {
+    pub(crate) fn check(&self, access: Access, bearer: Option<&str>) -> Option<OjsError> {
         // The keys that guard the route, and the admin keys, which open every route.
         let (needed, admin_too) = match access {
             Access::Page => return None,

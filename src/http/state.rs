@@ -17,6 +17,8 @@ pub struct AppState {
     pub event_streams: Arc<tokio::sync::Semaphore>,
     /// This replica's last leadership given up for a stalled service, for the health check.
     pub stalls: crate::coordinator::Stalls,
+    /// Where this gateway serves the gRPC binding, when it does (the manifest names it).
+    pub grpc_addr: Option<std::net::SocketAddr>,
 }
 
 pub type SharedState = Arc<AppState>;

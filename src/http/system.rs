@@ -71,41 +71,45 @@ pub async fn ready(State(state): State<SharedState>) -> Response {
 /// `extensions` is the conformance spec's flat list (§4.2.1, which consumers must read
 /// as well as the structured form): the official Rust client reads only the list, and
 /// there are no extensions to name either way.
-pub async fn manifest() -> Response {
-    respond(
-        StatusCode::OK,
-        &json!({
-            "ojs_version": "1.0",
-            "specversion": "1.0",
-            "implementation": {"name": "ojs-jetstream", "version": env!("CARGO_PKG_VERSION"), "language": "rust"},
-            "conformance_level": 4,
-            "conformance_tier": "runtime",
-            "protocols": ["http"],
-            "backend": "nats-jetstream",
-            "capabilities": {
-                "batch_enqueue": true,
-                "cron_jobs": true,
-                "dead_letter": true,
-                "delayed_jobs": true,
-                "job_ttl": true,
-                "priority_queues": true,
-                "rate_limiting": true,
-                "backpressure": true,
-                "schema_validation": false,
-                "unique_jobs": true,
-                "workflows": true,
-                "pause_resume": true,
-                "queue_stats": true,
-                "events": true,
-                "progress": true,
-            },
-            "unique_job_strength": "strong",
-            "queue_strategies": ["strict", "weighted"],
-            "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
-            "extensions": [],
-            "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream", "openapi": "/ojs/v1/openapi.json"},
-        }),
-    )
+///
+/// `protocols` names `grpc` when this gateway serves the gRPC binding, and
+/// `endpoints.grpc` its listen address.
+pub async fn manifest(State(state): State<SharedState>) -> Response {
+    let mut manifest = json!({
+        "ojs_version": "1.0",
+        "specversion": "1.0",
+        "implementation": {"name": "ojs-jetstream", "version": env!("CARGO_PKG_VERSION"), "language": "rust"},
+        "conformance_level": 4,
+        "conformance_tier": "runtime",
+        "backend": "nats-jetstream",
+        "capabilities": {
+            "batch_enqueue": true,
+            "cron_jobs": true,
+            "dead_letter": true,
+            "delayed_jobs": true,
+            "job_ttl": true,
+            "priority_queues": true,
+            "rate_limiting": true,
+            "backpressure": true,
+            "schema_validation": false,
+            "unique_jobs": true,
+            "workflows": true,
+            "pause_resume": true,
+            "queue_stats": true,
+            "events": true,
+            "progress": true,
+        },
+        "unique_job_strength": "strong",
+        "queue_strategies": ["strict", "weighted"],
+        "event_delivery": "at-least-once, in order per job; event ids are stable and repeats within two minutes are dropped by the events stream",
+        "extensions": [],
+        "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream", "openapi": "/ojs/v1/openapi.json"},
+    });
+    manifest["protocols"] = json!(crate::grpc::protocols(&state));
+    if let Some(addr) = state.grpc_addr {
+        manifest["endpoints"]["grpc"] = json!(addr.to_string());
+    }
+    respond(StatusCode::OK, &manifest)
 }
 
 /// Prometheus text format: this replica's metrics, and on the leader the cluster's job

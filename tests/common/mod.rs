@@ -391,6 +391,8 @@ fn speaks_nats(port: u16) -> bool {
 /// A gateway running in this test's runtime.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// Where the gateway serves the gRPC binding (a gateway this test started).
+    pub grpc_addr: Option<SocketAddr>,
     pub base: String,
     pub http: reqwest::Client,
     shutdown: Option<oneshot::Sender<()>>,
@@ -414,9 +416,15 @@ pub async fn spawn_app(nats_url: &str) -> TestApp {
 pub async fn spawn_app_with(config: Config) -> TestApp {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc.local_addr().unwrap();
+    let listeners = app::Listeners {
+        http: listener,
+        grpc: Some(grpc),
+    };
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        app::run(config, listener, async move {
+        app::run(config, listeners, async move {
             let _ = rx.await;
         })
         .await
@@ -424,6 +432,7 @@ pub async fn spawn_app_with(config: Config) -> TestApp {
     });
     let app = TestApp {
         addr,
+        grpc_addr: Some(grpc_addr),
         base: format!("http://{addr}"),
         http: reqwest::Client::new(),
         shutdown: Some(tx),
@@ -474,6 +483,7 @@ impl TestApp {
     pub fn at(base: &str) -> TestApp {
         TestApp {
             addr: base.trim_start_matches("http://").parse().unwrap(),
+            grpc_addr: None,
             base: base.to_owned(),
             http: reqwest::Client::new(),
             shutdown: None,
@@ -652,6 +662,7 @@ impl GatewayProcess {
             .env("OJS_CONFIG", "/nonexistent/ojs-jetstream.toml")
             .env("OJS_NATS_URL", nats_url)
             .env("OJS_LISTEN", format!("127.0.0.1:{port}"))
+            .env("OJS_GRPC_LISTEN", "")
             .env("OJS_LEASE_TTL_MS", "900")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

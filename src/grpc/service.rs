@@ -200,7 +200,12 @@ impl OjsService for Gateway {
                     language: "rust".into(),
                 }),
                 conformance_level: CONFORMANCE_LEVEL,
-                protocols: protocols(&self.state),
+                protocols: self
+                    .state
+                    .protocols()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
                 backend: "nats-jetstream".into(),
                 extensions: Vec::new(),
                 schema_validation: false,
@@ -761,15 +766,6 @@ impl OjsService for Gateway {
         })
         .await
     }
-}
-
-/// The manifest's `protocols`: `grpc` whenever this gateway serves it.
-pub fn protocols(state: &crate::http::AppState) -> Vec<String> {
-    let mut protocols = vec!["http".to_owned()];
-    if state.grpc_addr.is_some() {
-        protocols.push("grpc".to_owned());
-    }
-    protocols
 }
 
 impl Gateway {

@@ -22,3 +22,14 @@ pub struct AppState {
 }
 
 pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// The manifest's `protocols`: `grpc` whenever this gateway serves it.
+    pub fn protocols(&self) -> Vec<&'static str> {
+        let mut protocols = vec!["http"];
+        if self.grpc_addr.is_some() {
+            protocols.push("grpc");
+        }
+        protocols
+    }
+}

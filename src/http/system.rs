@@ -105,7 +105,7 @@ pub async fn manifest(State(state): State<SharedState>) -> Response {
         "extensions": [],
         "endpoints": {"manifest": "/ojs/manifest", "health": "/ojs/v1/health", "liveness": "/ojs/v1/health/live", "readiness": "/ojs/v1/health/ready", "events": "/ojs/v1/events", "event_stream": "/ojs/v1/events/stream", "openapi": "/ojs/v1/openapi.json"},
     });
-    manifest["protocols"] = json!(crate::grpc::protocols(&state));
+    manifest["protocols"] = json!(state.protocols());
     if let Some(addr) = state.grpc_addr {
         manifest["endpoints"]["grpc"] = json!(addr.to_string());
     }

@@ -7,8 +7,9 @@
 #   scripts/bench.sh [flags of examples/bench/, e.g. --scenarios memory]
 #
 # NATS_SERVER_BIN picks the nats-server (else scripts/ensure-nats.sh finds one);
-# BENCH_NATS_PORT (default 14222), BENCH_HTTP_PORT (default 18080) and BENCH_REDIS_PORT
-# (default 16379) the ports; OJS_API_KEY (at least 32 characters) runs the gateway with that
+# BENCH_NATS_PORT (default 14222), BENCH_HTTP_PORT (default 18080), BENCH_GRPC_PORT (default
+# 19090, the gateway's gRPC binding, for `e2e-grpc`) and BENCH_REDIS_PORT (default 16379)
+# the ports; OJS_API_KEY (at least 32 characters) runs the gateway with that
 # API key, and every request of the benchmark carries it. BENCH_BULLMQ=0 leaves BullMQ out;
 # otherwise what it needs is installed when missing: Debian's redis-server and node (apt),
 # and the driver's node modules (npm ci in examples/bench/bullmq). Redis runs with an
@@ -24,6 +25,7 @@ cd "$repo"
 source "$repo/scripts/lib.sh"
 nats_port="${BENCH_NATS_PORT:-14222}"
 http_port="${BENCH_HTTP_PORT:-18080}"
+grpc_port="${BENCH_GRPC_PORT:-19090}"
 redis_port="${BENCH_REDIS_PORT:-16379}"
 bullmq="${BENCH_BULLMQ:-1}"
 case "${BENCH_PROFILE:-release}" in
@@ -45,7 +47,7 @@ apt_install() {
 
 cargo build "${build[@]}" --bin ojs-jetstream --example bench >&2
 nats_bin="$(scripts/ensure-nats.sh | tail -n 1)"
-ports=("$nats_port" "$http_port")
+ports=("$nats_port" "$http_port" "$grpc_port")
 if [[ "$bullmq" != 0 ]]; then
     command -v redis-server >/dev/null 2>&1 || apt_install redis-server
     command -v node >/dev/null 2>&1 || apt_install nodejs npm
@@ -73,7 +75,7 @@ trap cleanup EXIT
 
 for port in "${ports[@]}"; do
     if port_open 127.0.0.1 "$port"; then
-        echo "bench: port $port is in use; stop what listens there or set BENCH_NATS_PORT/BENCH_HTTP_PORT/BENCH_REDIS_PORT" >&2
+        echo "bench: port $port is in use; stop what listens there or set BENCH_NATS_PORT/BENCH_HTTP_PORT/BENCH_GRPC_PORT/BENCH_REDIS_PORT" >&2
         exit 1
     fi
 done
@@ -83,8 +85,8 @@ nats_pid=$!
 wait_until nats-server "$nats_pid" "$work/nats.log" 10 port_open 127.0.0.1 "$nats_port"
 
 # OJS_API_KEY set: the gateway asks for that key and the benchmark sends it (auth on).
-OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" OJS_GRPC_LISTEN= \
-    OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve >"$work/gateway.log" 2>&1 &
+OJS_NATS_URL="nats://127.0.0.1:$nats_port" OJS_LISTEN="127.0.0.1:$http_port" \
+    OJS_GRPC_LISTEN="127.0.0.1:$grpc_port" OJS_API_KEYS="${OJS_API_KEY:-}" "$bin/ojs-jetstream" serve >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 wait_until gateway "$gateway_pid" "$work/gateway.log" 30 http_ok "http://127.0.0.1:$http_port/ojs/v1/health"
 
@@ -100,7 +102,7 @@ if [[ "$bullmq" != 0 ]]; then
 fi
 
 echo "bench: $("$nats_bin" --version), $(nproc) cores, gateway pid $gateway_pid, ${BENCH_PROFILE:-release} build" >&2
-"$bin/examples/bench" --url "http://127.0.0.1:$http_port" \
+"$bin/examples/bench" --url "http://127.0.0.1:$http_port" --grpc "http://127.0.0.1:$grpc_port" \
     --nats "nats://127.0.0.1:$nats_port" --gateway-pid "$gateway_pid" --nats-pid "$nats_pid" \
     "${bullmq_flags[@]}" "$@"
 

@@ -49,6 +49,7 @@ mod drivers;
 mod flags;
 mod floor;
 mod gateway;
+mod grpc;
 mod process;
 mod scenarios;
 mod settings;
@@ -61,7 +62,8 @@ use hyper::Method;
 use crate::flags::fail;
 use crate::floor::Floor;
 use crate::gateway::Gateway;
-use crate::scenarios::{Bench, Load};
+use crate::grpc::GrpcGateway;
+use crate::scenarios::{Bench, Load, Via};
 use crate::settings::Settings;
 
 #[tokio::main]
@@ -86,7 +88,11 @@ async fn main() {
         None => Vec::new(),
     };
     let floor = Floor::connect(&settings.nats).await;
-    let mut bench = Bench::new(settings.clone(), gateway, prefix, floor.clone());
+    let grpc = match &settings.grpc {
+        Some(url) => Some(GrpcGateway::connect(url).await),
+        None => None,
+    };
+    let mut bench = Bench::new(settings.clone(), gateway, grpc, prefix, floor.clone());
     bench.bullmq(bullmq);
     let s = &settings;
     let single = Load {
@@ -135,9 +141,16 @@ async fn main() {
         bench.drain(false, 16, usize::MAX).await;
     }
     if s.wants("e2e") {
-        bench.run_through(true, "e2e", single, s.workers).await;
-        bench.run_through(false, "e2e", single, s.workers).await;
+        bench
+            .run_through(Via::Floor, "e2e", single, s.workers)
+            .await;
+        bench.run_through(Via::Http, "e2e", single, s.workers).await;
         bench.http_only().await;
+    }
+    // 64 producers calling Enqueue, 64 workers on StreamJobs settling with Ack, quoted
+    // against the same floor and BullMQ rows as `e2e`.
+    if s.wants("e2e-grpc") {
+        bench.run_through(Via::Grpc, "e2e", single, s.workers).await;
     }
     if s.wants("bounded") {
         bench.bounded(single, s.workers).await;
@@ -150,10 +163,10 @@ async fn main() {
             pace: Some(Duration::from_secs_f64(1.0 / s.rate as f64)),
         };
         bench
-            .run_through(true, "latency", paced, s.latency_workers)
+            .run_through(Via::Floor, "latency", paced, s.latency_workers)
             .await;
         bench
-            .run_through(false, "latency", paced, s.latency_workers)
+            .run_through(Via::Http, "latency", paced, s.latency_workers)
             .await;
     }
     if s.wants("memory") {

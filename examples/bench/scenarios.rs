@@ -12,6 +12,7 @@ use crate::bullmq::Reported;
 use crate::drivers::Tally;
 use crate::floor::Floor;
 use crate::gateway::Gateway;
+use crate::grpc::GrpcGateway;
 use crate::process::{rss_mb, CpuMeter};
 use crate::settings::Settings;
 
@@ -94,10 +95,39 @@ pub struct Load {
     pub pace: Option<Duration>,
 }
 
+/// Which system a scenario drives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Floor,
+    Http,
+    /// The gateway's gRPC binding.
+    Grpc,
+}
+
+impl Via {
+    fn of(floor: bool) -> Via {
+        if floor {
+            Via::Floor
+        } else {
+            Via::Http
+        }
+    }
+
+    /// The row of `scenario` run this way.
+    fn name(self, scenario: &str) -> String {
+        match self {
+            Via::Floor => format!("floor-{scenario}"),
+            Via::Http => scenario.to_owned(),
+            Via::Grpc => format!("{scenario}-grpc"),
+        }
+    }
+}
+
 /// The system under measurement.
 #[derive(Clone)]
 pub enum Side {
     Gateway(Gateway, String),
+    Grpc(GrpcGateway, String),
     Floor(Box<Floor>),
 }
 
@@ -105,6 +135,7 @@ impl Side {
     fn queue(&self, name: &str) -> String {
         match self {
             Side::Gateway(_, prefix) => format!("{prefix}-{name}"),
+            Side::Grpc(_, prefix) => format!("{prefix}-grpc-{name}"),
             Side::Floor(_) => name.to_owned(),
         }
     }
@@ -112,6 +143,7 @@ impl Side {
     async fn enqueue(&self, queue: &str, load: Load, clock: Instant, tally: Arc<Tally>) {
         match self {
             Side::Gateway(gw, _) => gw.enqueue(queue, load, clock, tally).await,
+            Side::Grpc(gw, _) => gw.enqueue(queue, load, clock, tally).await,
             Side::Floor(floor) => {
                 floor.queue(queue).await;
                 floor.enqueue(queue, load, clock, tally).await;
@@ -130,6 +162,8 @@ impl Side {
     ) -> Vec<u64> {
         match self {
             Side::Gateway(gw, _) => gw.work(queue, count, workers, target, clock, tally).await,
+            // One job at a time per stream: `count` is a FETCH's.
+            Side::Grpc(gw, _) => gw.work(queue, workers, target, clock, tally).await,
             Side::Floor(floor) => {
                 floor
                     .work(queue, count, workers, target, clock, tally)
@@ -142,6 +176,8 @@ impl Side {
 pub struct Bench {
     settings: Settings,
     gateway: Side,
+    /// The gateway's gRPC binding, when the benchmark was given its address.
+    grpc: Option<Side>,
     floor: Side,
     /// The gateway's jobs bucket stream, to wait for its event publisher.
     js: jetstream::Context,
@@ -153,9 +189,16 @@ pub struct Bench {
 
 impl Bench {
     /// A benchmark of the gateway, its queues named with `prefix`, against `floor`.
-    pub fn new(settings: Settings, gateway: Gateway, prefix: String, floor: Floor) -> Bench {
+    pub fn new(
+        settings: Settings,
+        gateway: Gateway,
+        grpc: Option<GrpcGateway>,
+        prefix: String,
+        floor: Floor,
+    ) -> Bench {
         Bench {
             settings,
+            grpc: grpc.map(|g| Side::Grpc(g, prefix.clone())),
             gateway: Side::Gateway(gateway, prefix),
             js: floor.js.clone(),
             floor: Side::Floor(Box::new(floor)),
@@ -165,11 +208,14 @@ impl Bench {
         }
     }
 
-    fn side(&self, floor: bool) -> Side {
-        if floor {
-            self.floor.clone()
-        } else {
-            self.gateway.clone()
+    fn side(&self, via: Via) -> Side {
+        match via {
+            Via::Floor => self.floor.clone(),
+            Via::Http => self.gateway.clone(),
+            Via::Grpc => self
+                .grpc
+                .clone()
+                .unwrap_or_else(|| crate::flags::fail("a gRPC scenario needs --grpc")),
         }
     }
 
@@ -179,14 +225,6 @@ impl Bench {
             ("nats", self.settings.nats_pid),
             ("bench", Some(std::process::id())),
         ])
-    }
-
-    fn name(floor: bool, name: &str) -> String {
-        if floor {
-            format!("floor-{name}")
-        } else {
-            name.to_owned()
-        }
     }
 
     /// The rows of BullMQ's scenarios (`bullmq::run`), named `bullmq-<scenario>`.
@@ -218,7 +256,7 @@ impl Bench {
         load: Load,
         report: bool,
     ) {
-        let side = self.side(floor);
+        let side = self.side(Via::of(floor));
         let queue = side.queue(queue);
         let tally = Arc::new(Tally::default());
         let start = Instant::now();
@@ -226,7 +264,7 @@ impl Bench {
         side.enqueue(&queue, load, self.clock, tally.clone()).await;
         self.queued[usize::from(!floor)] += tally.done.load(Ordering::Relaxed);
         let mut outcome = Outcome {
-            name: Bench::name(floor, name),
+            name: Via::of(floor).name(name),
             jobs: tally.done.load(Ordering::Relaxed),
             seconds: start.elapsed().as_secs_f64(),
             errors: tally.errors.load(Ordering::Relaxed),
@@ -246,7 +284,7 @@ impl Bench {
     /// Times fetching and acknowledging `target` of the jobs waiting in the drain queue.
     pub async fn drain(&mut self, floor: bool, count: usize, target: usize) {
         let target = target.min(self.queued[usize::from(!floor)]);
-        let side = self.side(floor);
+        let side = self.side(Via::of(floor));
         let queue = side.queue("drain");
         let tally = Arc::new(Tally::default());
         let start = Instant::now();
@@ -257,7 +295,7 @@ impl Bench {
         let done = tally.done.load(Ordering::Relaxed);
         self.queued[usize::from(!floor)] -= done.min(self.queued[usize::from(!floor)]);
         let mut outcome = Outcome {
-            name: Bench::name(floor, &format!("drain-{count}")),
+            name: Via::of(floor).name(&format!("drain-{count}")),
             jobs: done,
             seconds: tally.seconds_since(start),
             errors: tally.errors.load(Ordering::Relaxed),
@@ -273,9 +311,9 @@ impl Bench {
     }
 
     /// Producers and workers at once; from the first enqueue to the last ack. `pace` turns
-    /// it into the latency scenario.
-    pub async fn run_through(&mut self, floor: bool, name: &str, load: Load, workers: usize) {
-        let side = self.side(floor);
+    /// it into the latency scenario. Quoted against the floor's and BullMQ's rows of `name`.
+    pub async fn run_through(&mut self, via: Via, name: &str, load: Load, workers: usize) {
+        let side = self.side(via);
         let queue = side.queue(name);
         let produced = Arc::new(Tally::default());
         let consumed = Arc::new(Tally::default());
@@ -291,15 +329,16 @@ impl Bench {
             .await;
         let _ = producers.await;
         let done = consumed.done.load(Ordering::Relaxed);
+        let gateway = via != Via::Floor;
         let mut outcome = Outcome {
-            name: Bench::name(floor, name),
+            name: via.name(name),
             jobs: done,
             seconds: consumed.seconds_since(start),
             errors: produced.errors.load(Ordering::Relaxed)
                 + consumed.errors.load(Ordering::Relaxed),
             missing: load.jobs.saturating_sub(done),
-            floor: (!floor).then(|| format!("floor-{name}")),
-            bullmq: (!floor).then(|| format!("bullmq-{name}")),
+            floor: gateway.then(|| format!("floor-{name}")),
+            bullmq: gateway.then(|| format!("bullmq-{name}")),
             latencies: if load.pace.is_some() {
                 latencies
             } else {
@@ -308,7 +347,7 @@ impl Bench {
             ..Default::default()
         };
         outcome.cpu = meter.finish();
-        self.settle(floor, &mut outcome).await;
+        self.settle(!gateway, &mut outcome).await;
         progress(&outcome);
         self.outcomes.push(outcome);
     }
@@ -321,7 +360,7 @@ impl Bench {
         };
         gw.bound(&self.gateway.queue("bounded"), 2 * load.jobs)
             .await;
-        self.run_through(false, "bounded", load, workers).await;
+        self.run_through(Via::Http, "bounded", load, workers).await;
         if let Some(outcome) = self.outcomes.last_mut() {
             outcome.floor = Some("floor-e2e".into());
         }

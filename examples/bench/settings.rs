@@ -5,6 +5,8 @@ use crate::flags::Flags;
 #[derive(Clone)]
 pub struct Settings {
     pub url: String,
+    /// `--grpc URL` of the gateway's gRPC binding, for `e2e-grpc`.
+    pub grpc: Option<String>,
     pub nats: String,
     pub namespace: String,
     pub jobs: usize,
@@ -37,6 +39,7 @@ impl Settings {
         let mut f = Flags::parse();
         let settings = Settings {
             url: f.text("url", "http://127.0.0.1:8080"),
+            grpc: f.get("grpc"),
             nats: f.text("nats", "nats://127.0.0.1:4222"),
             namespace: f.text("namespace", "ojs"),
             scenarios: f

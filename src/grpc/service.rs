@@ -89,7 +89,9 @@ impl Gateway {
         let ours = Instant::now() + self.state.config.request_deadline();
         let theirs = client_deadline(req.metadata());
         let deadline = theirs.map_or(ours, |t| t.min(ours));
-        let run = deadline::serve(deadline, work(req.into_inner()));
+        // Boxed: the work's state is large, and unboxed it would be copied each time the
+        // future around it moves (tonic boxes each call's future).
+        let run = deadline::serve(deadline, Box::pin(work(req.into_inner())));
         let done = match theirs {
             Some(t) => tokio::time::timeout_at(t - CLIENT_DEADLINE_MARGIN, run)
                 .await

@@ -2,12 +2,12 @@
 //! up, `StreamEvents` follows the lifecycle events as the HTTP event stream does.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -40,20 +40,32 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 const WAITING: usize = 64;
 
 /// Jobs settled through this gateway (gRPC `Ack`, `Nack`, `CancelJob`), told to the job
-/// streams that hold them: a worker's `Ack` travels on the HTTP/2 connection of its
-/// stream, so it reaches the gateway that sent the job. Settled elsewhere, a job frees its
-/// slot at the stream's next `RECHECK`.
-#[derive(Clone)]
-pub struct Settled(broadcast::Sender<Arc<str>>);
+/// stream that holds each: a worker's `Ack` travels on the HTTP/2 connection of its
+/// stream, so it reaches the gateway that sent the job. Each held job's id names its
+/// stream's channel, so a settlement wakes that stream alone. Settled elsewhere, a job
+/// frees its slot at the stream's next `RECHECK`.
+#[derive(Clone, Default)]
+pub struct Settled(Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>);
 
 impl Settled {
-    pub fn new() -> Settled {
-        Settled(broadcast::channel(1024).0)
+    pub fn settle(&self, id: &str) {
+        let stream = self.0.lock().expect("settled lock").remove(id);
+        if let Some(stream) = stream {
+            let _ = stream.send(id.to_owned());
+        }
     }
 
-    pub fn settle(&self, id: &str) {
-        if self.0.receiver_count() > 0 {
-            let _ = self.0.send(id.into());
+    fn watch(&self, id: &str, stream: &mpsc::UnboundedSender<String>) {
+        self.0
+            .lock()
+            .expect("settled lock")
+            .insert(id.to_owned(), stream.clone());
+    }
+
+    fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a String>) {
+        let mut watched = self.0.lock().expect("settled lock");
+        for id in ids {
+            watched.remove(id);
         }
     }
 }
@@ -98,12 +110,15 @@ pub async fn jobs(
         &state.config.request_limits(),
     )?;
     let (tx, rx) = mpsc::channel(max);
+    let (notify, notices) = mpsc::unbounded_channel();
     let feed = JobFeed {
         state: state.clone(),
         base,
         max,
         held: HashMap::new(),
-        notices: settled.0.subscribe(),
+        settled: settled.clone(),
+        notify,
+        notices,
         tx,
     };
     tokio::spawn(feed.run());
@@ -116,15 +131,22 @@ struct JobFeed {
     max: usize,
     /// The jobs sent and not yet seen settled, by id.
     held: HashMap<String, Job>,
-    notices: broadcast::Receiver<Arc<str>>,
+    settled: Settled,
+    /// Where `settled` tells this stream of its jobs settled here.
+    notify: mpsc::UnboundedSender<String>,
+    notices: mpsc::UnboundedReceiver<String>,
     tx: mpsc::Sender<Result<pb::Job, Status>>,
 }
 
 impl JobFeed {
     async fn run(mut self) {
         let stop = self.state.store.shutting_down();
+        let mut recheck = tokio::time::interval(RECHECK);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         'stream: loop {
-            self.forget_settled();
+            while let Ok(id) = self.notices.try_recv() {
+                self.held.remove(&id);
+            }
             if stop.is_cancelled() {
                 let _ = self
                     .tx
@@ -136,12 +158,8 @@ impl JobFeed {
                 tokio::select! {
                     () = self.tx.closed() => break,
                     () = stop.cancelled() => {}
-                    notice = self.notices.recv() => match notice {
-                        Ok(id) => { self.held.remove(&*id); }
-                        Err(broadcast::error::RecvError::Lagged(_)) => self.recheck().await,
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                    () = tokio::time::sleep(RECHECK) => self.recheck().await,
+                    Some(id) = self.notices.recv() => { self.held.remove(&id); }
+                    _ = recheck.tick() => self.recheck().await,
                 }
                 continue;
             }
@@ -157,6 +175,7 @@ impl JobFeed {
                 Ok(jobs) => {
                     for job in jobs {
                         let message = convert::job(&job);
+                        self.settled.watch(&job.id, &self.notify);
                         self.held.insert(job.id.clone(), job);
                         if self.tx.send(Ok(message)).await.is_err() {
                             break 'stream;
@@ -170,22 +189,10 @@ impl JobFeed {
                 }
             }
         }
+        self.settled.forget(self.held.keys());
         let unsettled: Vec<Job> = self.held.into_values().collect();
         if !unsettled.is_empty() {
             self.state.store.jobs().hand_back_unsent(&unsettled).await;
-        }
-    }
-
-    /// Drops the jobs this gateway has seen settled since the last look.
-    fn forget_settled(&mut self) {
-        loop {
-            match self.notices.try_recv() {
-                Ok(id) => {
-                    self.held.remove(&*id);
-                }
-                Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
-                Err(_) => return,
-            }
         }
     }
 
@@ -201,7 +208,9 @@ impl JobFeed {
             };
             moved_on.then(|| sent.id.clone())
         });
-        for id in join_all(reads).await.into_iter().flatten() {
+        let moved_on: Vec<String> = join_all(reads).await.into_iter().flatten().collect();
+        self.settled.forget(&moved_on);
+        for id in moved_on {
             self.held.remove(&id);
         }
     }

@@ -1081,3 +1081,40 @@ async fn mutual_tls_admits_a_client_with_a_certificate_of_the_ca_and_refuses_one
     };
     assert!(refused, "a plaintext client was served");
 }
+
+/// A stream's worker takes its next job about as soon as it acknowledges the last: 100
+/// jobs one at a time well within a second (each job waited 40 ms for the client's delayed
+/// ACK when the listener left Nagle's algorithm on).
+#[tokio::test]
+async fn a_streaming_worker_gets_its_next_job_as_soon_as_it_acknowledges_the_last() {
+    let _measuring = common::measuring();
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let batch: Vec<_> = (0..100).map(|_| common::job_on("quick")).collect();
+    let r = app
+        .post("/ojs/v1/jobs/batch", json!({ "jobs": batch }))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let mut grpc = client(&app).await;
+    let mut stream = grpc
+        .stream_jobs(pb::StreamJobsRequest {
+            queues: vec!["quick".into()],
+            worker_id: "w-quick".into(),
+            max_concurrent: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let started = Instant::now();
+    for _ in 0..100 {
+        let job = next_job(&mut stream).await;
+        grpc.ack(pb::AckRequest {
+            job_id: job.id,
+            result: None,
+        })
+        .await
+        .unwrap();
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "100 jobs took {took:?}");
+}

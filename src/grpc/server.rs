@@ -49,6 +49,7 @@ pub async fn serve(
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::DESCRIPTOR)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let failed = |e| OjsError::backend("The gRPC reflection service failed.").with_source(e);
     let reflection_v1 = reflection().build_v1().map_err(failed)?;

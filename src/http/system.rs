@@ -117,8 +117,15 @@ pub async fn manifest(State(state): State<SharedState>) -> Response {
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     state.metrics.set_pullers_open(state.store.pullers_open());
     let jobs = if state.metrics.leading() {
-        match state.store.leader().cluster_totals().await {
-            Ok(totals) => job_metrics::families(&totals),
+        // The dead-letter counts are read here only: the admin statistics have no use for
+        // them (one stream info fewer per dashboard poll).
+        let read = async {
+            let totals = state.store.leader().cluster_totals().await?;
+            let (_, dead_letter) = state.store.dead_letter().entries().by_queue().await?;
+            Ok::<_, crate::domain::error::OjsError>(job_metrics::families(&totals, &dead_letter))
+        };
+        match read.await {
+            Ok(families) => families,
             Err(err) => {
                 warn!(error = %err, "job metrics left out of a scrape: NATS did not answer");
                 Vec::new()

@@ -7,6 +7,8 @@
 //! the cluster's figure exactly once (docs/architecture.md §3.21). Pure: totals in, metric
 //! families out.
 
+use std::collections::BTreeMap;
+
 use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
@@ -91,7 +93,9 @@ const SEED_COUNTERS: [CounterSpec; 3] = [
 ];
 
 /// Every job metric of `totals`.
-pub fn families(totals: &ClusterTotals) -> Vec<MetricFamily> {
+/// `dead_letter`: the dead-letter entries by the queue their jobs came from (queues with
+/// none left out).
+pub fn families(totals: &ClusterTotals, dead_letter: &BTreeMap<String, u64>) -> Vec<MetricFamily> {
     let by_type = || {
         totals.queues.iter().flat_map(|(queue, counts)| {
             counts
@@ -227,7 +231,7 @@ pub fn families(totals: &ClusterTotals) -> Vec<MetricFamily> {
         ));
     }
     let mut dead_queues: Vec<&str> = totals.queues.iter().map(|(q, _)| q.as_str()).collect();
-    dead_queues.extend(totals.dead_letter.keys().map(String::as_str));
+    dead_queues.extend(dead_letter.keys().map(String::as_str));
     dead_queues.sort_unstable();
     dead_queues.dedup();
     out.push(family(
@@ -237,7 +241,7 @@ pub fn families(totals: &ClusterTotals) -> Vec<MetricFamily> {
         dead_queues
             .into_iter()
             .map(|queue| {
-                let entries = totals.dead_letter.get(queue).copied().unwrap_or(0);
+                let entries = dead_letter.get(queue).copied().unwrap_or(0);
                 gauge(&[("queue", queue)], entries as f64)
             })
             .collect(),
@@ -345,17 +349,17 @@ mod tests {
     use crate::domain::stats::QueueCounts;
     use crate::domain::totals::{add, Outcome, Tally};
 
-    fn text(totals: &ClusterTotals) -> String {
+    fn text(totals: &ClusterTotals, dead_letter: &BTreeMap<String, u64>) -> String {
         let mut out = Vec::new();
         TextEncoder::new()
-            .encode(&families(totals), &mut out)
+            .encode(&families(totals, dead_letter), &mut out)
             .expect("encodes");
         String::from_utf8(out).unwrap()
     }
 
     #[test]
     fn a_cluster_with_no_jobs_yet_has_only_its_gauges() {
-        let text = text(&ClusterTotals::default());
+        let text = text(&ClusterTotals::default(), &BTreeMap::new());
         assert!(text.contains("ojs_workers_active 0"), "{text}");
         assert!(!text.contains("ojs_job_duration_seconds"), "{text}");
     }
@@ -373,11 +377,13 @@ mod tests {
         add(&mut counts.types, &tally(Outcome::Retried, Some(0.3)));
         counts.states.completed = 1;
         counts.states.available = 4;
-        let text = text(&ClusterTotals {
-            queues: vec![("mail".into(), counts)],
-            dead_letter: [("bounces".to_owned(), 2)].into(),
-            ..ClusterTotals::default()
-        });
+        let text = text(
+            &ClusterTotals {
+                queues: vec![("mail".into(), counts)],
+                ..ClusterTotals::default()
+            },
+            &[("bounces".to_owned(), 2)].into(),
+        );
         for line in [
             r#"ojs_job_enqueued_total{queue="mail",type="mail.send"} 1"#,
             r#"ojs_job_duration_seconds_bucket{queue="mail",type="mail.send",state="completed",le="0.05"} 0"#,

@@ -22,14 +22,12 @@ pub struct ClusterTotals {
     pub unhandled_writes: u64,
     /// Timers stored and not yet fired.
     pub timers_pending: u64,
-    /// Dead-letter entries by the queue their jobs came from (queues with none left out).
-    pub dead_letter: BTreeMap<String, u64>,
 }
 
 impl Leader {
-    /// The cluster's job totals, queue counts, dead-letter entries, workers and backlogs,
-    /// for the metrics the leader reports. Costs one read per registered queue and three
-    /// stream-info requests — per scrape, on the leader only; workers are counted in memory.
+    /// The cluster's job totals, queue counts, workers and backlogs, for the metrics the
+    /// leader reports and the admin statistics. Costs one read per registered queue and two
+    /// stream-info requests; workers are counted in memory.
     ///
     /// # Errors
     /// When NATS fails.
@@ -42,7 +40,6 @@ impl Leader {
             workers,
             unhandled_writes: self.stats.last_job_write().await?.saturating_sub(counted),
             timers_pending: self.timers.timers_stored().await?,
-            dead_letter: self.stats.dead_letter.by_queue().await?.1,
         })
     }
 

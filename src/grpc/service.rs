@@ -22,7 +22,7 @@ use crate::domain::job::Job;
 use crate::domain::requests;
 use crate::domain::state::JobState;
 use crate::domain::workflow::{self, Kind, Status as StepStatus, WorkflowState};
-use crate::http::auth::{Access, Keys};
+use crate::http::auth::{bearer_token, Access, Keys};
 use crate::http::SharedState;
 use crate::store::{deadline, Enqueued, WorkerState, WorkflowView};
 
@@ -109,13 +109,7 @@ impl Gateway {
         if self.keys.no_keys() {
             return Ok(());
         }
-        let bearer = text(meta, "authorization").and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| token.trim())
-                .filter(|t| !t.is_empty())
-        });
+        let bearer = text(meta, "authorization").and_then(bearer_token);
         let key = text(meta, "x-ojs-api-key").or(bearer);
         self.keys.check(access, key).map_or(Ok(()), Err)
     }

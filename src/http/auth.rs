@@ -139,7 +139,12 @@ impl Gate {
 
 /// The bearer token of `Authorization`, when the header has that scheme.
 fn bearer(req: &Request) -> Option<&str> {
-    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    bearer_token(req.headers().get(header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `Authorization` value of the `Bearer` scheme (HTTP header or gRPC
+/// metadata).
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

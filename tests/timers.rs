@@ -382,3 +382,41 @@ async fn a_scheduled_job_whose_record_comes_after_its_due_time_is_still_promoted
     })
     .await;
 }
+
+/// A FAIL stores its retry timer before it writes the job `retryable`, and that write may
+/// land after the timer is due (here held 2.5 s, as waiting out a NATS election does; a
+/// replica answering from before the write looks the same). The firing finds the job still
+/// running the failed attempt: behind the timer, not moved on from it — it must fire again,
+/// not be spent, else the job stays `retryable` for good.
+#[tokio::test]
+async fn a_retry_whose_failure_lands_after_its_timer_is_due_still_runs() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        failpoints: "transition.prepared=delay(2500)".into(),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let id = app
+        .enqueue(
+            json!({"type": "t.slowfail", "args": [], "options": {"queue": "slow-fail",
+            "retry": {"max_attempts": 2, "initial_interval": "PT0.1S", "jitter": false}}}),
+        )
+        .await;
+    assert_eq!(app.fetch(&["slow-fail"], "w").await.len(), 1);
+    let failed = Instant::now();
+    let r = app
+        .fail(json!({"job_id": id, "error": {"type": "Boom", "message": "once"}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        failed.elapsed() >= Duration::from_millis(2500),
+        "the timer was due before the write"
+    );
+    assert_eq!(app.job(&id).await["state"], "retryable");
+    let job = eventually(Duration::from_secs(8), "the retry promoted", || async {
+        let job = app.job(&id).await;
+        (job["state"] == "available").then_some(job)
+    })
+    .await;
+    assert_eq!(job["attempt"], 1, "{job}");
+}

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::progress::{Pulse, Round};
-use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::error::OjsError;
 use crate::domain::horizon::{self, Placement};
-use crate::store::{PendingTimer, ReadAhead, Store, Timer, TimerFeed};
+use crate::store::{Firing, PendingTimer, ReadAhead, Store, Timer, TimerFeed};
 use crate::telemetry::metrics::Metrics;
 
 /// Timers fired (or handed back) at once; each is a few NATS round trips.
@@ -263,7 +263,7 @@ impl TimerScheduler {
     }
 
     /// Fires `timer` in a task of its own: acknowledged later once fired, tried again a
-    /// second later when it fails (its PUSH may not have written the record yet).
+    /// second later when it fails or its record does not show the write it is for yet.
     fn fire(
         &self,
         timer: PendingTimer,
@@ -277,13 +277,14 @@ impl TimerScheduler {
         firings.working();
         tokio::spawn(async move {
             match store.leader().fire_timer(&timer, ahead).await {
-                Ok(_) => {
+                Ok(Firing::Fired) => {
                     firings.idle();
                     store.failpoint("scheduler.timer_fired").await;
                     let _ = ack.send((Instant::now(), timer));
                 }
-                // Its PUSH has not written the record yet.
-                Err(err) if err.code == ErrorCode::NotFound => {
+                // NATS answered; the write the timer is for has not landed yet.
+                Ok(Firing::NotYet) => {
+                    firings.idle();
                     let _ = retry.send(timer);
                 }
                 Err(err) => {

@@ -534,6 +534,14 @@ pub fn promote(rec: &JobRecord, now: DateTime<Utc>, dispatch: u64) -> Option<Job
     Some(waited(rec, now, Transition::Promoted))
 }
 
+/// Whether a promote timer set for `(dispatch, attempt)` finds `rec` still running that
+/// attempt: the write the timer was stored ahead of (a FAIL, an execution timeout) has not
+/// landed yet — it waits out an election, or a replica answered from before it — or never
+/// will (its writer died between the two). Not stale, then: the firing looks again.
+pub fn behind_timer(rec: &JobRecord, dispatch: u64, attempt: u32) -> bool {
+    rec.job.state == JobState::Active && rec.dispatch == dispatch && rec.job.attempt == attempt
+}
+
 /// A retryable or scheduled job available now, under the next dispatch.
 fn waited(rec: &JobRecord, now: DateTime<Utc>, transition: Transition) -> JobRecord {
     let mut next = rec.clone();
@@ -855,6 +863,26 @@ mod tests {
         assert_eq!(p.dispatch, r.dispatch + 1);
         assert!(p.job.next_attempt_at.is_none());
         assert!(promote(&p, due, p.dispatch).is_none());
+    }
+
+    #[test]
+    fn a_retry_timer_is_behind_only_the_attempt_whose_failure_stored_it() {
+        let a = active(json!({}), None);
+        let r = fail(&a, now(), None, &failure(true), false, 1.0).unwrap();
+        let due = r.job.next_attempt_at.unwrap();
+        assert!(
+            promote(&a, due, r.dispatch).is_none(),
+            "the FAIL has not landed"
+        );
+        assert!(behind_timer(&a, r.dispatch, r.job.attempt));
+        assert!(!behind_timer(&r, r.dispatch, r.job.attempt), "it landed");
+        let p = promote(&r, due, r.dispatch).unwrap();
+        assert!(!behind_timer(&p, r.dispatch, r.job.attempt), "moved on");
+        let next = claim(&p, due, Some("w"), &delivery(2), Duration::from_secs(60)).unwrap();
+        assert!(
+            !behind_timer(&next, r.dispatch, r.job.attempt),
+            "the next attempt runs under the next dispatch"
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub use leader::counts::ClusterTotals;
 pub use leader::cron::TickOutcome;
 pub use leader::job_writes::{JobWrite, JobWrites, LostDeliveries};
 pub use leader::pruner::{StoredWrite, WriteBody};
-pub use leader::timers::{PendingTimer, ReadAhead, TimerFeed};
+pub use leader::timers::{Firing, PendingTimer, ReadAhead, TimerFeed};
 pub use leader::Leader;
 pub use lease::{Lease, Leases};
 pub use queues::backpressure::Pressure;

@@ -10,7 +10,7 @@ use async_nats::jetstream::AckKind;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{taken_over, Leader};
 use crate::domain::error::{ErrorCode, OjsError};
@@ -52,6 +52,15 @@ impl ReadAhead {
 /// (`PendingTimer::redelivered`), and one of a timer firing meanwhile fires as a no-op.
 pub fn timer_ack_wait(horizon_ms: u64) -> Duration {
     Duration::from_millis(2 * horizon_ms) + Duration::from_secs(5)
+}
+
+/// What firing a timer came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Firing {
+    /// Done (or nothing to do): acknowledge the timer.
+    Fired,
+    /// Its record does not show the write that stored the timer yet: fire it again shortly.
+    NotYet,
 }
 
 /// A timer read from the feed; acknowledge it once fired.
@@ -249,24 +258,31 @@ impl Leader {
     /// Fires a due timer. Stale timers, and timers of jobs that no longer exist (an admin
     /// reset), do nothing.
     ///
-    /// # Errors
-    /// When NATS fails; the timer stays pending and is fired again later.
+    /// A promote or expire timer is stored before the write that needs it, which may land
+    /// later than the timer comes due (it waits out an election). Younger than
+    /// `ORPHAN_GRACE`, such a timer whose record does not show that write yet — no record,
+    /// or a promote timer's job still running the attempt whose failure set it — is
+    /// `NotYet`, to be fired again a moment later; older, that write never landed, and the
+    /// timer is spent.
     ///
     /// # Errors
-    /// `not_found` for a promote or expire timer younger than `ORPHAN_GRACE` whose record
-    /// is not written yet (its PUSH is still under way): to be fired again a moment later.
-    /// Otherwise when NATS fails.
+    /// When NATS fails; the timer stays pending and is fired again later.
     pub async fn fire_timer(
         &self,
         pending: &PendingTimer,
         ahead: Option<ReadAhead>,
-    ) -> Result<(), OjsError> {
+    ) -> Result<Firing, OjsError> {
         let timer = &pending.timer;
         let ahead = ahead.map(|a| (a.record, a.revision));
+        // The state the last read showed, when it was behind the write that stored the timer.
+        let behind = Mutex::new(None);
         let fired = match timer.kind {
             TimerKind::Promote => self
                 .jobs
                 .transition_from(&timer.id, ahead, |rec, now| {
+                    *behind.lock().expect("behind lock") =
+                        lifecycle::behind_timer(rec, timer.dispatch, timer.attempt)
+                            .then_some(rec.job.state);
                     Ok(lifecycle::promote(rec, now, timer.dispatch))
                 })
                 .await
@@ -281,12 +297,30 @@ impl Leader {
                 .await
                 .map(drop),
         };
-        let awaits_its_record = matches!(timer.kind, TimerKind::Promote | TimerKind::Expire)
+        let awaits_its_write = matches!(timer.kind, TimerKind::Promote | TimerKind::Expire)
             && Utc::now() - pending.stored_at
                 < chrono::Duration::from_std(ORPHAN_GRACE).expect("small");
+        let behind = behind.into_inner().expect("behind lock");
         match fired {
-            Err(err) if err.code == ErrorCode::NotFound && !awaits_its_record => Ok(()),
-            other => other,
+            Ok(()) => match behind {
+                Some(state) if awaits_its_write => {
+                    info!(
+                        job_id = %timer.id,
+                        state = state.as_str(),
+                        dispatch = timer.dispatch,
+                        attempt = timer.attempt,
+                        "a job's record does not show the write that stored its timer yet; firing it again"
+                    );
+                    Ok(Firing::NotYet)
+                }
+                _ => Ok(Firing::Fired),
+            },
+            Err(err) if err.code == ErrorCode::NotFound => Ok(if awaits_its_write {
+                Firing::NotYet
+            } else {
+                Firing::Fired
+            }),
+            Err(err) => Err(err),
         }
     }
 

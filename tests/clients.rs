@@ -117,6 +117,69 @@ async fn responses_are_labelled_application_json_for_clients_that_accept_only_th
     assert!(content_type.starts_with("text/plain"), "{content_type}");
 }
 
+/// The Python OJS client with its defaults: it asks for the OJS media type, sends its HTTP
+/// library's `User-Agent`, and reads only bodies labelled `application/json` — so it is
+/// answered with that label, successes and errors alike, while the same request from any
+/// other client keeps the OJS media type.
+#[tokio::test]
+async fn python_sdk_with_its_default_headers_gets_answers_it_can_read() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let python = [
+        ("accept", OJS),
+        ("content-type", OJS),
+        ("ojs-version", "1.0"),
+        ("user-agent", "python-httpx/0.28.1"),
+    ];
+    let job = json!({"type": "email.send", "args": ["a@example.com"], "options": {"queue": "py-defaults"}});
+    let (status, content_type, body) = send(
+        &app,
+        reqwest::Method::POST,
+        "/ojs/v1/jobs",
+        &python,
+        Some(job.clone()),
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (201, "application/json"));
+    let id = body["job"]["id"].as_str().unwrap().to_owned();
+    let (status, content_type, body) = send(
+        &app,
+        reqwest::Method::POST,
+        "/ojs/v1/workers/fetch",
+        &python,
+        Some(json!({"queues": ["py-defaults"], "count": 1, "visibility_timeout_ms": 30000})),
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (200, "application/json"));
+    assert_eq!(body["jobs"][0]["id"], id.as_str());
+    let (status, content_type, body) = send(
+        &app,
+        reqwest::Method::GET,
+        "/ojs/v1/jobs/019a0000-0000-7000-8000-000000000000",
+        &python,
+        None,
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (404, "application/json"));
+    assert_eq!(body["error"]["code"], "not_found");
+    // Another client sending the same Accept keeps the OJS media type.
+    for agent in [
+        "Go-http-client/1.1",
+        "python-requests/2.32",
+        "my-httpx-wrapper",
+    ] {
+        let (status, content_type, _) = send(
+            &app,
+            reqwest::Method::POST,
+            "/ojs/v1/jobs",
+            &[("accept", OJS), ("user-agent", agent)],
+            Some(job.clone()),
+        )
+        .await;
+        assert_eq!((status, content_type.as_str()), (201, OJS), "{agent}");
+    }
+}
+
 #[tokio::test]
 async fn empty_bodied_posts_and_bodiless_gets_with_a_content_type_are_served() {
     let nats = NatsServer::start();

@@ -124,6 +124,81 @@ async fn fifo_within_priority_and_higher_priority_first() {
     assert_eq!(got, expected);
 }
 
+/// `PATCH /ojs/v1/jobs/{id}` (priority spec §8.1; the `ojs` command line's `priority`): a
+/// waiting job moves to its new priority's lane and is handed out once, from there; a
+/// running job keeps its own; bad requests change nothing.
+#[tokio::test]
+async fn a_waiting_job_takes_its_new_priority_and_a_running_one_keeps_its_own() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let job = |i: i32| json!({"type": "t.p", "args": [i], "options": {"queue": "reprio"}});
+    let first = app.enqueue(job(1)).await;
+    let second = app.enqueue(job(2)).await;
+    let last = app.enqueue(job(3)).await;
+    let r = app
+        .patch(&format!("/ojs/v1/jobs/{last}"), json!({"priority": 10}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            &r.body["priority"],
+            &r.body["previous_priority"],
+            &r.body["id"]
+        ),
+        (&json!(10), &json!(0), &json!(last))
+    );
+    assert_eq!(r.body["job"]["priority"], 10);
+    assert_eq!(app.job(&last).await["priority"], 10);
+    // The same priority again writes nothing and says so.
+    let again = app
+        .patch(&format!("/ojs/v1/jobs/{last}"), json!({"priority": 10}))
+        .await;
+    assert_eq!(again.body["previous_priority"], 10);
+    let scheduled = app
+        .enqueue(json!({"type": "t.p", "args": [4], "options": {"queue": "reprio", "delay_until": "2099-01-01T00:00:00Z"}}))
+        .await;
+    let r = app
+        .patch(
+            &format!("/ojs/v1/jobs/{scheduled}"),
+            json!({"priority": "LOW"}),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), &r.body["priority"]), (200, &json!(-10)));
+    // Handed out from its new lane first, then the others in order, each once: the
+    // message of its old priority is spent.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let fetched = app.fetch(&["reprio"], "w").await;
+        got.push(fetched[0]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(got, [last.clone(), first, second]);
+    assert!(app.fetch(&["reprio"], "w").await.is_empty());
+    let r = app
+        .patch(&format!("/ojs/v1/jobs/{last}"), json!({"priority": 1}))
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.body["error"]["details"]["current_state"], "active");
+    assert_eq!(app.job(&last).await["priority"], 10);
+    for (body, status) in [
+        (json!({"priority": 1000}), 400),
+        (json!({"priority": 1, "queue": "elsewhere"}), 400),
+        (json!({}), 400),
+    ] {
+        let r = app
+            .patch(&format!("/ojs/v1/jobs/{scheduled}"), body.clone())
+            .await;
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+    }
+    assert_eq!(app.job(&scheduled).await["priority"], -10);
+    let r = app
+        .patch(
+            "/ojs/v1/jobs/019a0000-0000-7000-8000-000000000000",
+            json!({"priority": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
 #[tokio::test]
 async fn queues_are_tried_in_the_order_given() {
     let nats = NatsServer::start();

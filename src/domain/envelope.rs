@@ -434,6 +434,21 @@ pub fn parse_job_id(s: &str) -> Option<String> {
     (shape && b[14] == b'7' && matches!(b[19], b'8' | b'9' | b'a' | b'b')).then(|| s.to_owned())
 }
 
+/// The body of `PATCH /ojs/v1/jobs/{id}` (priority spec §8.1): `{"priority": …}` in the
+/// forms an enqueue takes, and nothing else — no other field of a job changes after enqueue.
+pub fn priority_update(body: &Map<String, Value>) -> Result<i32, OjsError> {
+    if let Some(other) = body.keys().find(|k| *k != "priority") {
+        return Err(OjsError::invalid(
+            other,
+            format!("Only priority can be changed after enqueue, not {other}."),
+        ));
+    }
+    match body.get("priority") {
+        Some(v) if !v.is_null() => parse_priority(v),
+        _ => Err(missing("priority", "the job's new priority")),
+    }
+}
+
 fn parse_priority(v: &Value) -> Result<i32, OjsError> {
     let n = match v {
         Value::String(name) => match name.to_ascii_uppercase().as_str() {
@@ -500,6 +515,24 @@ mod tests {
 
     fn err(v: Value) -> OjsError {
         parse(v, now(), Uuid::now_v7()).unwrap_err()
+    }
+
+    #[test]
+    fn a_priority_update_names_the_priority_and_nothing_else() {
+        let update = |v: Value| priority_update(v.as_object().unwrap());
+        assert_eq!(update(json!({"priority": 5})).unwrap(), 5);
+        assert_eq!(update(json!({"priority": "HIGH"})).unwrap(), 10);
+        for (body, field) in [
+            (json!({}), "priority"),
+            (json!({"priority": null}), "priority"),
+            (json!({"priority": 101}), "priority"),
+            (json!({"priority": 1.5}), "priority"),
+            (json!({"priority": 1, "queue": "other"}), "queue"),
+        ] {
+            let e = update(body.clone()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
+            assert_eq!(e.details["field"], field, "{body}");
+        }
     }
 
     #[test]

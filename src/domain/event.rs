@@ -206,7 +206,7 @@ pub fn step_events(rec: &JobRecord, step: &Step, source: &str) -> Vec<Event> {
                 ("backpressure.dropped", with(json!({}))),
             ]
         }
-        Transition::Redelivered => vec![],
+        Transition::Redelivered | Transition::Reprioritized => vec![],
     };
     let mut items = items;
     // The write's move from one state to another, on its last event (realtime spec §4.1).

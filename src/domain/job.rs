@@ -214,6 +214,8 @@ pub enum Transition {
     /// `available → discarded`: the oldest waiting job of a full queue whose bound drops
     /// the oldest for a newer one (`backpressure.rs`).
     Dropped,
+    /// A waiting job's priority changed (priority spec §8.1); its state did not.
+    Reprioritized,
 }
 
 /// The value kept in the jobs bucket under the job id.

@@ -483,6 +483,39 @@ pub fn activate(rec: &JobRecord, now: DateTime<Utc>) -> Result<JobRecord, OjsErr
     Ok(next)
 }
 
+/// A waiting job takes a new priority (priority spec §8.1). An available job is dispatched
+/// again under the next dispatch, so its message goes to the new priority's lane and the
+/// old one is spent; a scheduled or pending job takes the priority when it becomes
+/// available. `None` when it already has that priority; 409 for every other state (the
+/// spec's MUST NOT: a running job gains nothing, a finished one means nothing, a retryable
+/// one is not waiting in a lane).
+pub fn reprioritize(rec: &JobRecord, priority: i32) -> Result<Option<JobRecord>, OjsError> {
+    let waiting = matches!(
+        rec.job.state,
+        JobState::Available | JobState::Scheduled | JobState::Pending
+    );
+    if !waiting {
+        return Err(refused(
+            rec,
+            format!(
+                "Job {} is {}; only an available, scheduled or pending job can change its priority.",
+                rec.job.id,
+                rec.job.state.as_str()
+            ),
+        ));
+    }
+    if rec.job.priority == priority {
+        return Ok(None);
+    }
+    let mut next = rec.clone();
+    next.job.priority = priority;
+    if next.job.state == JobState::Available {
+        next.dispatch += 1;
+    }
+    next.transition = Transition::Reprioritized;
+    Ok(Some(next))
+}
+
 /// A workflow starts its pending member: `pending → available` with the results of the
 /// members before it; `None` when it is no longer pending (started already, or
 /// cancelled), so starting it twice changes nothing.
@@ -863,6 +896,39 @@ mod tests {
         assert_eq!(p.dispatch, r.dispatch + 1);
         assert!(p.job.next_attempt_at.is_none());
         assert!(promote(&p, due, p.dispatch).is_none());
+    }
+
+    #[test]
+    fn only_a_waiting_job_changes_priority_and_an_available_one_is_dispatched_again() {
+        let available = record(json!({}));
+        let moved = reprioritize(&available, 7).unwrap().unwrap();
+        assert_eq!(moved.job.priority, 7);
+        assert_eq!(moved.job.state, JobState::Available);
+        assert_eq!(
+            moved.dispatch,
+            available.dispatch + 1,
+            "a message in the new lane"
+        );
+        assert_eq!(moved.transition, Transition::Reprioritized);
+        assert!(
+            reprioritize(&moved, 7).unwrap().is_none(),
+            "no change, no write"
+        );
+        let scheduled = record(json!({"scheduled_at": "2026-02-12T11:00:00Z"}));
+        assert_eq!(scheduled.job.state, JobState::Scheduled);
+        let later = reprioritize(&scheduled, -3).unwrap().unwrap();
+        assert_eq!(
+            (later.job.priority, later.dispatch),
+            (-3, scheduled.dispatch),
+            "its message comes at promotion, in the lane of its priority then"
+        );
+        let running = active(json!({}), None);
+        let retrying = fail(&running, now(), None, &failure(true), false, 1.0).unwrap();
+        let done = complete(&running, now(), None, None).unwrap();
+        for rec in [running, retrying, done] {
+            let err = reprioritize(&rec, 1).unwrap_err();
+            assert_eq!(err.code, ErrorCode::Conflict, "{:?}", rec.job.state);
+        }
     }
 
     #[test]

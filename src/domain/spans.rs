@@ -63,9 +63,10 @@ impl JobSpan {
             Transition::Dropped => ("ojs.drop", SpanKind::Internal, None),
             Transition::Activated => ("ojs.activate", SpanKind::Internal, None),
             Transition::Retried => ("ojs.dead_letter.retry", SpanKind::Internal, None),
-            Transition::Redelivered | Transition::Heartbeat | Transition::Progressed => {
-                return None
-            }
+            Transition::Redelivered
+            | Transition::Heartbeat
+            | Transition::Progressed
+            | Transition::Reprioritized => return None,
         };
         let producer = job
             .meta

@@ -105,7 +105,8 @@ impl Tally {
             | Transition::Redelivered
             | Transition::Heartbeat
             | Transition::Progressed
-            | Transition::Retried => return None,
+            | Transition::Retried
+            | Transition::Reprioritized => return None,
         };
         Some(Tally {
             job_type: job.job_type.clone(),

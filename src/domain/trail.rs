@@ -52,7 +52,7 @@ impl Step {
                 holder.map(|h| h.visible_until),
             ),
             Transition::Expired | Transition::Dropped => (job.discarded_at, None, None),
-            Transition::Redelivered => (None, None, None),
+            Transition::Redelivered | Transition::Reprioritized => (None, None, None),
         };
         Step {
             revision,
@@ -70,11 +70,12 @@ impl Step {
     /// no count (the creation of a pending job has no event, but counts), so it needs no
     /// place in a trail. Nor does a progress report: its event tells the progress of the
     /// moment, which a later report or the job's end supersedes, and frequent reports
-    /// would push the steps that do matter out of a full trail.
+    /// would push the steps that do matter out of a full trail. A new priority has no event
+    /// and changes no count either.
     fn matters(&self) -> bool {
         !matches!(
             self.transition,
-            Transition::Redelivered | Transition::Progressed
+            Transition::Redelivered | Transition::Progressed | Transition::Reprioritized
         )
     }
 }

@@ -228,6 +228,22 @@ pub async fn cancel(
     Ok(respond(StatusCode::OK, &wrapped_and_bare("job", job)))
 }
 
+/// `PATCH /ojs/v1/jobs/{id}` (priority spec §8.1, §10.2; the `ojs` command line's
+/// `priority`): a waiting job's new priority, answered with the job and its
+/// `previous_priority`.
+pub async fn reprioritize(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let id = job_id(&id)?;
+    let priority = envelope::priority_update(&body)?;
+    let settled = state.store.jobs().reprioritize(&id, priority).await?;
+    let mut job = serde_json::to_value(&settled.after.job).expect("jobs serialize");
+    job["previous_priority"] = json!(settled.before.job.priority);
+    Ok(respond(StatusCode::OK, &wrapped_and_bare("job", job)))
+}
+
 pub async fn activate(
     State(state): State<SharedState>,
     Path(id): Path<String>,

@@ -141,6 +141,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             jobs::cancel,
         )
         .add(
+            M::PATCH,
+            "/ojs/v1/jobs/{id}",
+            Key,
+            "Change a waiting job's priority",
+            jobs::reprioritize,
+        )
+        .add(
             M::POST,
             "/ojs/v1/jobs/{id}/activate",
             Key,

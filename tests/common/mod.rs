@@ -548,6 +548,10 @@ impl TestApp {
         self.send_json(reqwest::Method::PUT, path, body).await
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> Reply {
+        self.send_json(reqwest::Method::PATCH, path, body).await
+    }
+
     /// DELETE with a JSON body (the admin API's purges).
     pub async fn delete_json(&self, path: &str, body: Value) -> Reply {
         self.send_json(reqwest::Method::DELETE, path, body).await

@@ -86,6 +86,17 @@ impl Jobs {
         Ok(settled.after.job)
     }
 
+    /// A waiting job's new priority (priority spec §8.1): an available one is dispatched
+    /// again in its new priority's lane (`prepare` publishes that message before the write;
+    /// the old message is spent once the write lands, and orphaned if it does not).
+    ///
+    /// # Errors
+    /// 404 unknown job; 409 when it is not available, scheduled or pending.
+    pub async fn reprioritize(&self, id: &str, priority: i32) -> Result<Settled, OjsError> {
+        self.transition(id, |rec, _| lifecycle::reprioritize(rec, priority))
+            .await
+    }
+
     /// Reads, decides with `decide`, stores what the decision needs first (`prepare`),
     /// writes with a revision check, and retries the whole decision when another writer came
     /// first.

@@ -32,6 +32,7 @@ mod readme;
 mod reliability;
 mod replicas;
 mod retention;
+mod schemas;
 mod security;
 mod soak;
 mod stream;

@@ -194,6 +194,9 @@ pub fn parse_with_default_exhaustion(
         }
     }
     let schema = fields::take_string(&mut obj, "schema")?;
+    if let Some(uri) = &schema {
+        fields::absolute_uri(uri, "schema")?;
+    }
 
     let queue = match opts.get("queue") {
         None => "default".to_string(),

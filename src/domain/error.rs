@@ -12,6 +12,8 @@ pub enum ErrorCode {
     InvalidPayload,
     /// A field is missing or invalid.
     InvalidRequest,
+    /// A job's args do not match the schema it names (HTTP binding §16).
+    SchemaValidation,
     NotFound,
     /// A client-supplied id already exists.
     Duplicate,
@@ -38,6 +40,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidPayload => "invalid_payload",
             ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::SchemaValidation => "schema_validation",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Duplicate => "duplicate",
             ErrorCode::Conflict => "conflict",
@@ -62,6 +65,9 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidPayload => "Send a JSON object as the request body.",
             ErrorCode::InvalidRequest => "Correct the field named in the message and retry.",
+            ErrorCode::SchemaValidation => {
+                "Make the job's args match its schema (details.violations), or name another schema."
+            }
             ErrorCode::NotFound => {
                 "Check the id; it may never have existed, or have been removed (finished jobs are pruned after finished_jobs_max_age_ms)."
             }

@@ -26,6 +26,31 @@ pub fn type_error(field: &str, expected: &str, got: &Value) -> OjsError {
 }
 
 /// 400: `field` is required.
+/// Longest URI a job or a schema registration may name (a job's `schema`, a schema's `uri`).
+pub const MAX_URI_BYTES: usize = 512;
+
+/// `value` as an absolute URI (core §3 `schema`: a valid URI), 1 to `MAX_URI_BYTES` long.
+///
+/// # Errors
+/// 400 naming `field`.
+pub fn absolute_uri(value: &str, field: &str) -> Result<(), OjsError> {
+    if value.is_empty() || value.len() > MAX_URI_BYTES {
+        return Err(OjsError::invalid(
+            field,
+            format!("{field} must be a URI of 1 to {MAX_URI_BYTES} bytes."),
+        ));
+    }
+    url::Url::parse(value).map(drop).map_err(|err| {
+        OjsError::invalid(
+            field,
+            format!(
+                "{field} {:?} is not an absolute URI ({err}); for example urn:ojs:schema:email.send:v1.",
+                truncated(value)
+            ),
+        )
+    })
+}
+
 pub fn missing(field: &str, what: &str) -> OjsError {
     OjsError::invalid(field, format!("Missing required field '{field}' ({what})."))
 }

@@ -25,6 +25,7 @@ pub mod rate_limit;
 pub mod requests;
 pub mod retention;
 pub mod retry;
+pub mod schema;
 pub mod spans;
 pub mod state;
 pub mod stats;

@@ -23,7 +23,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The status for `code` (§7.1).
 pub fn code(code: ErrorCode) -> Code {
     match code {
-        ErrorCode::InvalidPayload | ErrorCode::InvalidRequest => Code::InvalidArgument,
+        ErrorCode::InvalidPayload | ErrorCode::InvalidRequest | ErrorCode::SchemaValidation => {
+            Code::InvalidArgument
+        }
         ErrorCode::NotFound => Code::NotFound,
         ErrorCode::Duplicate => Code::AlreadyExists,
         ErrorCode::Conflict | ErrorCode::Unsupported => Code::FailedPrecondition,

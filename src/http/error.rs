@@ -25,7 +25,7 @@ pub fn status(e: &OjsError) -> StatusCode {
         ErrorCode::InvalidRequest if e.category == Category::Semantic => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidRequest | ErrorCode::SchemaValidation => StatusCode::BAD_REQUEST,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::Duplicate | ErrorCode::Conflict => StatusCode::CONFLICT,
         ErrorCode::Unsupported => StatusCode::UNPROCESSABLE_ENTITY,

@@ -19,6 +19,7 @@ pub mod queues;
 mod rate_limits;
 mod respond;
 mod routes;
+mod schemas;
 mod server;
 mod state;
 mod stream;

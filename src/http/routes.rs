@@ -19,8 +19,8 @@ use super::openapi::{self, Operation};
 use super::respond::respond;
 use super::state::SharedState;
 use super::{
-    admin, bulk, cron, dashboard, dead_letter, events, jobs, progress, queues, rate_limits, stream,
-    system, workers, workflows,
+    admin, bulk, cron, dashboard, dead_letter, events, jobs, progress, queues, rate_limits,
+    schemas, stream, system, workers, workflows,
 };
 
 /// The whole HTTP API and the dashboard; `keys` guard the routes as their rows say.
@@ -483,6 +483,34 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             Key,
             "Live events (SSE), by channel",
             stream::events,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/schemas",
+            Key,
+            "Register a JSON Schema for job arguments",
+            schemas::register,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/schemas",
+            Key,
+            "Registered schemas",
+            schemas::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/schemas/{uri}",
+            Key,
+            "A schema (its URI percent-encoded)",
+            schemas::get,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/schemas/{uri}",
+            Key,
+            "Remove a schema",
+            schemas::delete,
         )
         .add(
             M::POST,

@@ -91,7 +91,7 @@ pub async fn manifest(State(state): State<SharedState>) -> Response {
             "priority_queues": true,
             "rate_limiting": true,
             "backpressure": true,
-            "schema_validation": false,
+            "schema_validation": true,
             "unique_jobs": true,
             "workflows": true,
             "pause_resume": true,

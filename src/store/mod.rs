@@ -18,6 +18,7 @@ mod lease;
 mod mirror;
 mod publish;
 mod queues;
+mod schemas;
 mod stats;
 mod stream_walk;
 mod timers;
@@ -58,6 +59,7 @@ pub use queues::backpressure::Pressure;
 pub use queues::rate_limit::LimitUsage;
 pub use queues::registry::QueueMeta;
 pub use queues::Queues;
+pub use schemas::Schemas;
 pub use stats::{QueueStats, Stats};
 pub use timers::{Timer, TimerKind, Timers};
 pub use topology::Topology;
@@ -81,6 +83,7 @@ struct Inner {
     events: Events,
     workflows: Workflows,
     cron: Cron,
+    schemas: Schemas,
     dead_letter: DeadLetter,
     workers: Workers,
     stats: Stats,
@@ -134,7 +137,10 @@ impl Store {
         let unique_kv = bucket(t.unique_bucket(), 1, Duration::ZERO).await?;
         // A mark outlives its batch's timer only when no leader ran for a day.
         let batches_kv = bucket(t.batches_bucket(), 1, Duration::from_secs(24 * 3600)).await?;
+        let schemas_kv = bucket(t.schemas_bucket(), 1, Duration::ZERO).await?;
         let cron_mirror = mirror::Mirror::start(&cron_kv, &conn.client, t.reset_subject()).await?;
+        let schemas_mirror =
+            mirror::Mirror::start(&schemas_kv, &conn.client, t.reset_subject()).await?;
         let worker_list =
             mirror::Mirror::start(&workers_kv, &conn.client, t.reset_subject()).await?;
         let handled =
@@ -182,6 +188,13 @@ impl Store {
                 mirror: cron_mirror,
             }),
         };
+        let schemas = Schemas {
+            own: Arc::new(schemas::Owned {
+                kv: schemas_kv,
+                mirror: schemas_mirror,
+                compiled: Default::default(),
+            }),
+        };
         let leases = Leases {
             conn: conn.clone(),
             own: Arc::new(lease::Owned { kv: leases_kv }),
@@ -216,6 +229,7 @@ impl Store {
             events: events.clone(),
             dead_letter: entries.clone(),
             stats: stats.clone(),
+            schemas: schemas.clone(),
         };
         let dead_letter = DeadLetter {
             conn: conn.clone(),
@@ -263,6 +277,7 @@ impl Store {
                 events,
                 workflows,
                 cron,
+                schemas,
                 dead_letter,
                 workers,
                 stats,
@@ -294,6 +309,10 @@ impl Store {
 
     pub fn cron(&self) -> &Cron {
         &self.inner.cron
+    }
+
+    pub fn schemas(&self) -> &Schemas {
+        &self.inner.schemas
     }
 
     pub fn dead_letter(&self) -> &DeadLetter {
@@ -382,6 +401,7 @@ impl Store {
             format!("KV_{}", t.queues_bucket()),
             format!("KV_{}", t.workers_bucket()),
             format!("KV_{}", t.cron_bucket()),
+            format!("KV_{}", t.schemas_bucket()),
             format!("KV_{}", t.workflows_bucket()),
             format!("KV_{}", t.stats_bucket()),
             format!("KV_{}", t.unique_bucket()),

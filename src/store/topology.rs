@@ -56,6 +56,11 @@ impl Topology {
         format!("{}-cron", self.namespace)
     }
 
+    /// Schemas for job arguments (`schemas.rs`).
+    pub fn schemas_bucket(&self) -> String {
+        format!("{}-schemas", self.namespace)
+    }
+
     pub fn workers_bucket(&self) -> String {
         format!("{}-workers", self.namespace)
     }

@@ -70,6 +70,7 @@ impl Jobs {
         first: impl std::future::Future<Output = Result<(), OjsError>>,
         block: Duration,
     ) -> Result<Vec<Job>, OjsError> {
+        self.schemas.check(&records).await?;
         let now = Utc::now();
         let batch = (records.len() > 1).then(|| Uuid::now_v7().to_string());
         for rec in &mut records {

@@ -22,6 +22,7 @@ use crate::store::connection::Connection;
 use crate::store::dead_letter::entries::Entries;
 use crate::store::events::Events;
 use crate::store::queues::Queues;
+use crate::store::schemas::Schemas;
 use crate::store::stats::Stats;
 use crate::store::timers::Timers;
 
@@ -42,6 +43,7 @@ pub struct Jobs {
     pub(super) events: Events,
     pub(super) dead_letter: Entries,
     pub(super) stats: Stats,
+    pub(super) schemas: Schemas,
 }
 
 /// What the jobs resource owns.

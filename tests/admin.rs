@@ -57,71 +57,6 @@ async fn listed(app: &TestApp, query: &str) -> Vec<String> {
     ids(&r.body)
 }
 
-/// Every discarded job is listed, dead-lettered or not, until it is retried; the jobs
-/// dead-lettered before discarded jobs had index entries (a deployment upgraded) are indexed
-/// by the next leader, once.
-#[tokio::test]
-async fn discarded_jobs_are_listed_whether_dead_lettered_or_not() {
-    let nats = NatsServer::start();
-    let app = spawn_app(&nats.url).await;
-    let queue = "adm-gone";
-    let dropped = app
-        .enqueue(json!({"type": "t.d", "args": [], "options": {"queue": queue, "retry": {"max_attempts": 1}}}))
-        .await;
-    app.fetch(&[queue], "w").await;
-    let r = app
-        .fail(json!({"job_id": dropped, "error": {"code": "handler_error", "message": "no"}}))
-        .await;
-    assert_eq!(r.body["state"], "discarded", "{}", r.body);
-    let retried = dead_letter_a_job(&app, queue).await;
-    let kept = dead_letter_a_job(&app, queue).await;
-    let query = format!("state=discarded&queue={queue}&order=asc");
-    let mut all = vec![dropped.clone(), retried.clone(), kept.clone()];
-    eventually(
-        Duration::from_secs(5),
-        "every discarded job listed",
-        || async { (listed(&app, &query).await == all).then_some(()) },
-    )
-    .await;
-    let r = app.get(&format!("/ojs/v1/admin/jobs?{query}")).await;
-    assert_eq!(r.body["pagination"]["total"], 3, "{}", r.body);
-    let r = app
-        .post(&format!("/ojs/v1/dead-letter/{retried}/retry"), json!({}))
-        .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    all.retain(|id| *id != retried);
-    eventually(
-        Duration::from_secs(5),
-        "the retried job no longer listed",
-        || async { (listed(&app, &query).await == all).then_some(()) },
-    )
-    .await;
-    app.stop().await;
-
-    // As before discarded jobs were indexed: no entries, no mark of their indexing.
-    let client = async_nats::connect(&nats.url).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    js.get_stream("ojs-finished-discarded")
-        .await
-        .unwrap()
-        .purge()
-        .await
-        .unwrap();
-    js.get_key_value("ojs-coordinator")
-        .await
-        .unwrap()
-        .purge("dead-lettered-indexed")
-        .await
-        .unwrap();
-    let app = spawn_app(&nats.url).await;
-    eventually(
-        Duration::from_secs(10),
-        "the dead-lettered job indexed",
-        || async { (listed(&app, &query).await == vec![kept.clone()]).then_some(()) },
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
     let nats = NatsServer::start();
@@ -212,12 +147,7 @@ async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
     )
     .await;
     let dead = dead_letter_a_job(&app, "adm-dlq").await;
-    eventually(
-        Duration::from_secs(5),
-        "the discarded job listed",
-        || async { (listed(&app, "state=discarded").await == vec![dead.clone()]).then_some(()) },
-    )
-    .await;
+    assert_eq!(listed(&app, "state=discarded").await, vec![dead.clone()]);
     let r = app.get("/ojs/v1/admin/dead-letter?queue=adm-dlq").await;
     assert_eq!(ids(&r.body), vec![dead.clone()]);
 

@@ -3,7 +3,6 @@
 //! services until it loses the lease or shuts down.
 
 mod cron;
-mod dead_lettered_index;
 mod deadline_watch;
 mod event_publisher;
 mod progress;
@@ -26,7 +25,6 @@ use crate::store::{Lease, Store};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
-pub use dead_lettered_index::DeadLetteredIndex;
 pub use event_publisher::EventPublisher;
 pub use progress::{Pulse, Round, Stall, Stalls};
 pub use pruner::Pruner;
@@ -179,9 +177,6 @@ impl Coordinator {
         });
         l.spawn("slot_sweeper", |pulse| {
             SlotSweeper::new(store.clone()).run(token.clone(), pulse)
-        });
-        l.spawn("dead_lettered_index", |pulse| {
-            DeadLetteredIndex::new(store.clone()).run(token.clone(), pulse)
         });
         l.spawn("queue_bounds", |pulse| {
             QueueBounds::new(store.clone(), self.metrics.clone()).run(token.clone(), pulse)

@@ -38,6 +38,8 @@ pub enum Source {
     Queue,
     /// The timers stream: the promote timer of a waiting job.
     Timers,
+    /// The dead-letter stream.
+    DeadLetter,
     /// The leader's index stream of the state.
     Finished,
 }
@@ -47,11 +49,8 @@ impl Source {
         match state {
             JobState::Available | JobState::Active => Source::Queue,
             JobState::Scheduled | JobState::Retryable => Source::Timers,
-            // Every discarded job, dead-lettered or not: the dead-letter stream holds only
-            // the first kind.
-            JobState::Completed | JobState::Cancelled | JobState::Pending | JobState::Discarded => {
-                Source::Finished
-            }
+            JobState::Discarded => Source::DeadLetter,
+            JobState::Completed | JobState::Cancelled | JobState::Pending => Source::Finished,
         }
     }
 }
@@ -450,14 +449,6 @@ mod tests {
             (recovered.enter, recovered.leave),
             (Some(Completed), vec![Pending])
         );
-        // Discarded (dead-lettered or not), then retried from the dead letter queue.
-        let discarded = of(&[(Some(Active), Some(Discarded))]).unwrap();
-        assert_eq!(
-            (discarded.enter, discarded.leave),
-            (Some(Discarded), vec![])
-        );
-        let retried = of(&[(Some(Discarded), Some(Available))]).unwrap();
-        assert_eq!((retried.enter, retried.leave), (None, vec![Discarded]));
         // A removal marker of a cancelled job.
         let removed = of(&[(Some(Cancelled), None)]).unwrap();
         assert_eq!((removed.enter, removed.leave), (None, vec![Cancelled]));
@@ -469,12 +460,7 @@ mod tests {
         let indexed_states: Vec<_> = JobState::ALL.into_iter().filter(|s| indexed(*s)).collect();
         assert_eq!(
             indexed_states,
-            vec![
-                JobState::Pending,
-                JobState::Completed,
-                JobState::Cancelled,
-                JobState::Discarded
-            ]
+            vec![JobState::Pending, JobState::Completed, JobState::Cancelled]
         );
         let mut listed = LISTING_ORDER.to_vec();
         listed.sort();

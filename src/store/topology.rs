@@ -125,8 +125,8 @@ impl Topology {
         }
     }
 
-    /// The leader's index of the jobs in `state` (`completed`, `cancelled`, `pending`,
-    /// `discarded`), one subject per job (architecture §3.26).
+    /// The leader's index of the jobs in `state` (`completed`, `cancelled`, `pending`),
+    /// one subject per job (architecture §3.26).
     pub fn finished_stream(&self, state: JobState) -> String {
         format!("{}-finished-{state}", self.namespace)
     }
@@ -146,15 +146,12 @@ impl Topology {
 
     /// One entry per job (a repeated publish replaces it). Entries of terminal states
     /// outlive the records they name by an hour, then NATS drops them, so pruning a job
-    /// needs no removal here; `pending` entries are removed when the job is released. A
-    /// discarded job's record is kept while it is in the dead letter queue, so its entry
-    /// lasts as long as the longer of the two retentions.
+    /// needs no removal here; `pending` entries are removed when the job is released.
     pub fn finished_stream_config(&self, state: JobState) -> stream::Config {
-        let hour = Duration::from_secs(3600);
         let max_age = match (state, self.finished_jobs_max_age) {
-            (JobState::Completed | JobState::Cancelled, Some(age)) => age + hour,
-            (JobState::Discarded, Some(_)) if self.dead_letter_max_age.is_zero() => Duration::ZERO,
-            (JobState::Discarded, Some(age)) => age.max(self.dead_letter_max_age) + hour,
+            (JobState::Completed | JobState::Cancelled, Some(age)) => {
+                age + Duration::from_secs(3600)
+            }
             _ => Duration::ZERO,
         };
         stream::Config {

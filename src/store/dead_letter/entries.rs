@@ -174,27 +174,13 @@ impl Entries {
 
     /// Entries in the dead letter queue, of every queue.
     pub async fn total(&self) -> Result<u64, OjsError> {
-        Ok(self.state().await?.messages)
-    }
-
-    /// The sequence of the newest entry ever stored (0 for none).
-    pub(in crate::store) async fn last_sequence(&self) -> Result<u64, OjsError> {
-        Ok(self.state().await?.last_sequence)
-    }
-
-    /// The job an entry's body names.
-    pub(in crate::store) fn job_of(payload: &[u8]) -> Option<String> {
-        serde_json::from_slice::<Entry>(payload).ok().map(|e| e.id)
-    }
-
-    async fn state(&self) -> Result<StreamState, OjsError> {
         let info = self
             .own
             .stream
             .get_info()
             .await
             .map_err(backend("reading the dead letter queue"))?;
-        Ok(info.state)
+        Ok(info.state.messages)
     }
 
     /// How many entries of the dead-letter stream are on `subject`.

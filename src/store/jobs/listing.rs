@@ -1,7 +1,7 @@
 //! Job listings for operators without a scan of the jobs bucket: each state's jobs are read
 //! from a stream where they already sit in time order (the queue's stream, the timers, the
-//! leader's index of finished jobs), a window of sequences at a time, and each candidate is
-//! checked against its record (architecture §3.26).
+//! dead-letter stream, the leader's index of finished jobs), a window of sequences at a
+//! time, and each candidate is checked against its record (architecture §3.26).
 
 use std::collections::HashSet;
 
@@ -177,6 +177,10 @@ impl Jobs {
                     .collect()
             }
             Source::Timers => vec![shared(t.timers_stream(), None)],
+            Source::DeadLetter => vec![shared(
+                t.dead_letter_stream(),
+                q.queue.as_deref().map(|q| t.dead_letter_subject(q)),
+            )],
             Source::Finished => vec![shared(
                 t.finished_stream(state),
                 q.queue
@@ -268,10 +272,21 @@ impl Jobs {
                 .collect(),
             None => self.stats.current_queue_counts().await?,
         };
-        let total: u64 = counts
+        let mut total: u64 = counts
             .iter()
-            .flat_map(|(_, c)| states.iter().map(|s| c.states.of(*s)))
+            .flat_map(|(_, c)| {
+                states
+                    .iter()
+                    .filter(|s| **s != JobState::Discarded)
+                    .map(|s| c.states.of(*s))
+            })
             .sum();
+        if states.contains(&JobState::Discarded) {
+            total += match &q.queue {
+                Some(queue) => self.dead_letter.count(queue).await?,
+                None => self.dead_letter.total().await?,
+            };
+        }
         Ok(Some(total))
     }
 }
@@ -315,11 +330,13 @@ fn candidate(msg: &StreamMessage, source: Source) -> Option<Candidate> {
 }
 
 /// Whether the entry still stands for the job as it is: in the listed state, and for a
-/// queue message or timer of the job's current dispatch.
+/// queue message or timer of the job's current dispatch, for a dead-letter entry the one
+/// its record names.
 fn current(rec: &JobRecord, state: JobState, c: &Candidate) -> bool {
     rec.job.state == state
         && match Source::of(state) {
             Source::Queue | Source::Timers => c.dispatch == Some(rec.dispatch),
+            Source::DeadLetter => rec.dead_letter == Some(c.sequence),
             Source::Finished => true,
         }
 }

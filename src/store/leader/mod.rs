@@ -3,7 +3,6 @@
 
 pub(super) mod counts;
 pub(super) mod cron;
-mod dead_lettered;
 mod depth_tokens;
 pub(super) mod finished_index;
 pub(super) mod job_writes;

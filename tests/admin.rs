@@ -196,6 +196,106 @@ async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
 }
 
 #[tokio::test]
+async fn jobs_discarded_without_a_dead_letter_entry_are_listed_purged_and_retried() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let dead = dead_letter_a_job(&app, "adm-disc").await;
+    // The default exhaustion policy discards without a dead-letter entry.
+    let mut discarded = Vec::new();
+    for _ in 0..9 {
+        let id = app
+            .enqueue(typed(
+                "adm-disc",
+                "d.t",
+                json!({"retry": {"max_attempts": 1}}),
+            ))
+            .await;
+        app.fetch(&["adm-disc"], "w").await;
+        let r = app
+            .nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}))
+            .await;
+        assert_eq!(r.body["state"], "discarded", "{}", r.body);
+        discarded.push(id);
+    }
+    let mut all: Vec<String> = discarded.iter().rev().cloned().collect();
+    all.insert(0, dead.clone());
+    // Dead-lettered first, then the others newest first; every one once, pages of 7
+    // crossing from one source to the other.
+    eventually(
+        Duration::from_secs(5),
+        "every discarded job listed",
+        || async { (all_pages(&app, "queue=adm-disc&state=discarded").await == all).then_some(()) },
+    )
+    .await;
+    let mut oldest_first: Vec<String> = discarded.clone();
+    oldest_first.insert(0, dead.clone());
+    assert_eq!(
+        all_pages(&app, "queue=adm-disc&state=discarded&order=asc").await,
+        oldest_first
+    );
+    let r = app
+        .get("/ojs/v1/admin/jobs?queue=adm-disc&state=discarded&per_page=1")
+        .await;
+    assert_eq!(r.body["pagination"]["total"], 10, "{}", r.body);
+    // The dead letter queue is only the dead-lettered one.
+    let r = app.get("/ojs/v1/admin/dead-letter?queue=adm-disc").await;
+    assert_eq!(ids(&r.body), vec![dead.clone()]);
+    assert_eq!(r.body["pagination"]["total"], 1, "{}", r.body);
+    // A cursor of a source the dead-letter listing does not walk ends it.
+    let r = app
+        .get("/ojs/v1/admin/dead-letter?queue=adm-disc&cursor=discarded.index:1")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(ids(&r.body).is_empty(), "{}", r.body);
+
+    // Bulk retry by filter reaches them, and they leave the listing.
+    let r = app
+        .post(
+            "/ojs/v1/admin/jobs/bulk/retry",
+            json!({"filter": {"queue": "adm-disc", "state": "discarded"}, "confirm": true}),
+        )
+        .await;
+    assert_eq!(r.body["succeeded"], 10, "{}", r.body);
+    for id in &all {
+        assert_eq!(app.job(id).await["state"], "available");
+    }
+    eventually(Duration::from_secs(5), "retried jobs unlisted", || async {
+        listed(&app, "queue=adm-disc&state=discarded")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+
+    // Discarded again, then purged through the queue's purge.
+    for _ in 0..10 {
+        let job = app.fetch(&["adm-disc"], "w").await;
+        let id = job[0]["id"].as_str().unwrap().to_owned();
+        app.nack(json!({"job_id": id, "error": {"code": "handler_error", "message": "no"}}))
+            .await;
+    }
+    eventually(Duration::from_secs(5), "discarded again", || async {
+        (all_pages(&app, "queue=adm-disc&state=discarded")
+            .await
+            .len()
+            == 10)
+            .then_some(())
+    })
+    .await;
+    let r = app
+        .delete_json(
+            "/ojs/v1/admin/queues/adm-disc/jobs",
+            json!({"states": ["discarded"], "confirm": true}),
+        )
+        .await;
+    assert_eq!(r.body["purged_count"], 10, "{}", r.body);
+    assert!(listed(&app, "queue=adm-disc&state=discarded")
+        .await
+        .is_empty());
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn stats_queues_and_workers_read_the_counters_and_the_registry() {
     let nats = NatsServer::start();
     let app = spawn_app(&nats.url).await;

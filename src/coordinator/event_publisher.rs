@@ -336,7 +336,7 @@ impl EventPublisher {
                 continue;
             }
             if let Some((queue, state)) = &w.removed {
-                indexed.extend(IndexMove::of(&w.id, queue, [(Some(*state), None)]));
+                indexed.extend(IndexMove::of(&w.id, queue, [(Some(*state), None)], false));
                 counted.entry(queue.clone()).or_default().push(Change {
                     sequence: w.revision,
                     from: Some(*state),
@@ -403,6 +403,7 @@ impl EventPublisher {
                         &rec.job.id,
                         &rec.job.queue,
                         changes.iter().map(|c| (c.from, c.to)),
+                        rec.dead_letter.is_some(),
                     ));
                     counted
                         .entry(rec.job.queue.clone())

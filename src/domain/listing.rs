@@ -45,19 +45,31 @@ pub enum Source {
 }
 
 impl Source {
-    pub fn of(state: JobState) -> Source {
+    /// The sources of a state's jobs, in the order a listing walks them: a discarded job is
+    /// in the dead-letter stream when it has an entry there, in the leader's index when not.
+    pub fn of(state: JobState) -> &'static [Source] {
         match state {
-            JobState::Available | JobState::Active => Source::Queue,
-            JobState::Scheduled | JobState::Retryable => Source::Timers,
-            JobState::Discarded => Source::DeadLetter,
-            JobState::Completed | JobState::Cancelled | JobState::Pending => Source::Finished,
+            JobState::Available | JobState::Active => &[Source::Queue],
+            JobState::Scheduled | JobState::Retryable => &[Source::Timers],
+            JobState::Discarded => &[Source::DeadLetter, Source::Finished],
+            JobState::Completed | JobState::Cancelled | JobState::Pending => &[Source::Finished],
+        }
+    }
+
+    /// How a cursor names a source other than its state's first.
+    fn label(self) -> &'static str {
+        match self {
+            Source::Queue => "queue",
+            Source::Timers => "timers",
+            Source::DeadLetter => "dead-letter",
+            Source::Finished => "index",
         }
     }
 }
 
 /// Whether the leader keeps an index entry for jobs in `state`.
 pub fn indexed(state: JobState) -> bool {
-    Source::of(state) == Source::Finished
+    Source::of(state).contains(&Source::Finished)
 }
 
 /// What one job write changes in the leader's index: the job enters `enter` (an entry is
@@ -73,17 +85,21 @@ pub struct IndexMove {
 impl IndexMove {
     /// From the state changes of one write (its own and the trail steps it recovers, in
     /// order): the job enters its final state if that is indexed and some change moved it,
-    /// and leaves every other indexed state it passed through. `None` when the index is
-    /// untouched, as for every write of a plain job but its completion.
+    /// and leaves every other indexed state it passed through. A job discarded into the
+    /// dead letter queue (`dead_lettered`: the record names an entry) is listed from that
+    /// stream and enters nothing. `None` when the index is untouched, as for every write of
+    /// a plain job but its completion.
     pub fn of(
         id: &str,
         queue: &str,
         changes: impl IntoIterator<Item = (Option<JobState>, Option<JobState>)>,
+        dead_lettered: bool,
     ) -> Option<IndexMove> {
         let changes: Vec<_> = changes.into_iter().collect();
         let last = changes.last()?.1;
         let moved = changes.iter().any(|(from, to)| from != to);
-        let enter = last.filter(|s| indexed(*s) && moved);
+        let enter =
+            last.filter(|s| indexed(*s) && moved && !(dead_lettered && *s == JobState::Discarded));
         let mut leave: Vec<JobState> = changes
             .iter()
             .flat_map(|(from, to)| [*from, *to])
@@ -108,27 +124,45 @@ pub enum Order {
     Asc,
 }
 
-/// Where the next page starts: the state, the queue (only when the state's jobs are listed
-/// queue by queue), and the sequence of the last job the previous page showed.
+/// Where the next page starts: the state, which of its sources, the queue (only when the
+/// state's jobs are listed queue by queue), and the sequence of the last job the previous
+/// page showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     pub state: JobState,
+    pub source: Source,
     pub queue: Option<String>,
     pub sequence: u64,
 }
 
 impl Cursor {
-    /// `state:sequence` or `state:queue:sequence`; queue names hold no `:`.
+    /// `state:sequence` or `state:queue:sequence`, the state as `state.source` in a source
+    /// other than its first (`discarded.index:9`); queue names hold no `:`.
     pub fn encode(&self) -> String {
+        let mut state = self.state.as_str().to_owned();
+        if Source::of(self.state)[0] != self.source {
+            state = format!("{state}.{}", self.source.label());
+        }
         match &self.queue {
-            Some(q) => format!("{}:{q}:{}", self.state, self.sequence),
-            None => format!("{}:{}", self.state, self.sequence),
+            Some(q) => format!("{state}:{q}:{}", self.sequence),
+            None => format!("{state}:{}", self.sequence),
         }
     }
 
     pub fn decode(text: &str) -> Option<Cursor> {
         let mut parts = text.split(':');
-        let state = JobState::parse(parts.next()?)?;
+        let head = parts.next()?;
+        let (state, source) = match head.split_once('.') {
+            None => {
+                let state = JobState::parse(head)?;
+                (state, Source::of(state)[0])
+            }
+            Some((state, label)) => {
+                let state = JobState::parse(state)?;
+                let source = *Source::of(state)[1..].iter().find(|s| s.label() == label)?;
+                (state, source)
+            }
+        };
         let (queue, sequence) = match (parts.next()?, parts.next(), parts.next()) {
             (seq, None, None) => (None, seq),
             (q, Some(seq), None) => (Some(q.to_owned()), seq),
@@ -140,6 +174,7 @@ impl Cursor {
         let sequence = sequence.parse().ok().filter(|s| *s > 0)?;
         Some(Cursor {
             state,
+            source,
             queue,
             sequence,
         })
@@ -155,6 +190,9 @@ pub struct ListQuery {
     pub per_page: usize,
     pub order: Order,
     pub cursor: Option<Cursor>,
+    /// Only discarded jobs in the dead letter queue (the dead-letter routes), not those
+    /// discarded without an entry there.
+    pub dead_letter_only: bool,
 }
 
 impl ListQuery {
@@ -167,6 +205,7 @@ impl ListQuery {
             per_page: MAX_PER_PAGE,
             order: Order::Asc,
             cursor: None,
+            dead_letter_only: false,
         }
     }
 
@@ -237,6 +276,7 @@ impl ListQuery {
             per_page,
             order,
             cursor,
+            dead_letter_only: false,
         })
     }
 
@@ -250,6 +290,15 @@ impl ListQuery {
                 .copied()
                 .skip_while(|s| *s != c.state)
                 .collect(),
+        }
+    }
+
+    /// The sources `state`'s jobs are listed from, in order.
+    pub fn sources(&self, state: JobState) -> &'static [Source] {
+        if self.dead_letter_only && state == JobState::Discarded {
+            &[Source::DeadLetter]
+        } else {
+            Source::of(state)
         }
     }
 
@@ -335,17 +384,35 @@ mod tests {
         for cursor in [
             Cursor {
                 state: JobState::Completed,
+                source: Source::Finished,
                 queue: None,
                 sequence: 42,
             },
             Cursor {
                 state: JobState::Available,
+                source: Source::Queue,
                 queue: Some("email.v2".into()),
                 sequence: 7,
+            },
+            Cursor {
+                state: JobState::Discarded,
+                source: Source::DeadLetter,
+                queue: None,
+                sequence: 3,
+            },
+            Cursor {
+                state: JobState::Discarded,
+                source: Source::Finished,
+                queue: None,
+                sequence: 5,
             },
         ] {
             assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
         }
+        assert_eq!(
+            Cursor::decode("discarded.index:5").map(|c| c.source),
+            Some(Source::Finished)
+        );
         for bad in [
             "",
             "done:1",
@@ -354,6 +421,10 @@ mod tests {
             "completed:-1",
             "available:Bad Queue:3",
             "available:a:b:3",
+            "discarded.dead-letter:3",
+            "discarded.queue:3",
+            "completed.index:3",
+            "completed.:3",
         ] {
             assert_eq!(Cursor::decode(bad), None, "{bad:?}");
         }
@@ -426,7 +497,7 @@ mod tests {
     fn only_indexed_states_are_entered_or_left() {
         use JobState::*;
         let of = |changes: &[(Option<JobState>, Option<JobState>)]| {
-            IndexMove::of("j", "q", changes.iter().copied())
+            IndexMove::of("j", "q", changes.iter().copied(), false)
         };
         // A plain job: nothing until it completes; a heartbeat never.
         assert_eq!(of(&[(None, Some(Available))]), None);
@@ -453,6 +524,13 @@ mod tests {
         let removed = of(&[(Some(Cancelled), None)]).unwrap();
         assert_eq!((removed.enter, removed.leave), (None, vec![Cancelled]));
         assert_eq!(of(&[]), None);
+        // Discarded: indexed unless the dead letter queue lists it; left on a retry.
+        let discarded = of(&[(Some(Active), Some(Discarded))]).unwrap();
+        assert_eq!(discarded.enter, Some(Discarded));
+        let changes = [(Some(Active), Some(Discarded))];
+        assert_eq!(IndexMove::of("j", "q", changes, true), None);
+        let retried = of(&[(Some(Discarded), Some(Available))]).unwrap();
+        assert_eq!((retried.enter, retried.leave), (None, vec![Discarded]));
     }
 
     #[test]
@@ -460,7 +538,24 @@ mod tests {
         let indexed_states: Vec<_> = JobState::ALL.into_iter().filter(|s| indexed(*s)).collect();
         assert_eq!(
             indexed_states,
-            vec![JobState::Pending, JobState::Completed, JobState::Cancelled]
+            vec![
+                JobState::Pending,
+                JobState::Completed,
+                JobState::Cancelled,
+                JobState::Discarded
+            ]
+        );
+        let dead_letter = ListQuery {
+            dead_letter_only: true,
+            ..ListQuery::of(None, None, None)
+        };
+        assert_eq!(
+            dead_letter.sources(JobState::Discarded),
+            &[Source::DeadLetter]
+        );
+        assert_eq!(
+            ListQuery::of(None, None, None).sources(JobState::Discarded),
+            &[Source::DeadLetter, Source::Finished]
         );
         let mut listed = LISTING_ORDER.to_vec();
         listed.sort();

@@ -149,7 +149,7 @@ impl Topology {
     /// needs no removal here; `pending` entries are removed when the job is released.
     pub fn finished_stream_config(&self, state: JobState) -> stream::Config {
         let max_age = match (state, self.finished_jobs_max_age) {
-            (JobState::Completed | JobState::Cancelled, Some(age)) => {
+            (JobState::Completed | JobState::Cancelled | JobState::Discarded, Some(age)) => {
                 age + Duration::from_secs(3600)
             }
             _ => Duration::ZERO,

@@ -1,5 +1,6 @@
-//! The dead letter queue for operators (admin spec §11): discarded jobs listed like any
-//! other state, and purged by age. Retry and delete of one job are the data plane's.
+//! The dead letter queue for operators (admin spec §11): the discarded jobs it holds,
+//! listed like any other state and purged by age (jobs discarded without an entry there are
+//! the jobs listing's `discarded`). Retry and delete of one job are the data plane's.
 
 use std::collections::HashMap;
 
@@ -25,7 +26,10 @@ pub async fn list(
     Query(mut params): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     params.insert("state".into(), JobState::Discarded.as_str().into());
-    let q = ListQuery::parse(&params)?;
+    let q = ListQuery {
+        dead_letter_only: true,
+        ..ListQuery::parse(&params)?
+    };
     let page = state.store.jobs().list(&q).await?;
     Ok(respond(StatusCode::OK, &page_body(&q, page)))
 }
@@ -41,6 +45,9 @@ pub async fn purge_all(
         validate_queue(q)?;
     }
     let older_than = older_than(&body)?;
-    let q = ListQuery::of(queue, None, None);
+    let q = ListQuery {
+        dead_letter_only: true,
+        ..ListQuery::of(queue, None, None)
+    };
     purge(&state.store, q, vec![JobState::Discarded], older_than).await
 }

@@ -34,6 +34,7 @@ pub struct JobPage {
 
 /// Which stream to walk for one source of one state, of one queue or of all.
 struct LaneSpec {
+    source: Source,
     stream: String,
     queue: Option<String>,
     subject_prefix: Option<String>,
@@ -41,6 +42,7 @@ struct LaneSpec {
 
 /// A lane's stream, opened.
 struct Lane {
+    source: Source,
     stream: Stream,
     /// Through the stream leader (`STREAM.MSG.GET`): a stream created before direct gets
     /// were allowed on it.
@@ -94,17 +96,19 @@ impl Jobs {
                 };
                 let info = lane.stream.cached_info();
                 let (first, last) = (info.state.first_sequence, info.state.last_sequence);
-                let mut next = match from.filter(|c| c.queue == lane.queue) {
-                    Some(c) if q.order == Order::Desc => c.sequence.saturating_sub(1),
-                    Some(c) => c.sequence.saturating_add(1),
-                    None if q.order == Order::Desc => last,
-                    None => first.max(1),
-                };
+                let mut next =
+                    match from.filter(|c| c.source == lane.source && c.queue == lane.queue) {
+                        Some(c) if q.order == Order::Desc => c.sequence.saturating_sub(1),
+                        Some(c) => c.sequence.saturating_add(1),
+                        None if q.order == Order::Desc => last,
+                        None => first.max(1),
+                    };
                 let mut round = 0;
                 loop {
                     if examined >= SCAN_LIMIT {
                         resume = Some(Cursor {
                             state,
+                            source: lane.source,
                             queue: lane.queue.clone(),
                             sequence: match q.order {
                                 Order::Desc => next + 1,
@@ -127,6 +131,7 @@ impl Jobs {
                         }
                         let at = Cursor {
                             state,
+                            source: lane.source,
                             queue: lane.queue.clone(),
                             sequence,
                         };
@@ -148,16 +153,40 @@ impl Jobs {
         Ok((jobs.into_iter().map(|(job, _)| job).collect(), next))
     }
 
-    /// The streams `state` is listed from, in order, those before the cursor's left out;
-    /// each opened only when the walk gets to it.
+    /// The streams `state` is listed from, in order, those before the cursor's left out
+    /// (all of them for a cursor of a source this listing does not walk); each opened only
+    /// when the walk gets to it.
     fn lanes(&self, state: JobState, q: &ListQuery, from: Option<&Cursor>) -> Vec<LaneSpec> {
+        let sources = q.sources(state);
+        let skip = match from {
+            Some(c) => sources
+                .iter()
+                .position(|s| *s == c.source)
+                .unwrap_or(sources.len()),
+            None => 0,
+        };
+        sources[skip..]
+            .iter()
+            .flat_map(|source| self.source_lanes(*source, state, q, from))
+            .collect()
+    }
+
+    /// The streams of one source of `state`: one per queue for queue streams.
+    fn source_lanes(
+        &self,
+        source: Source,
+        state: JobState,
+        q: &ListQuery,
+        from: Option<&Cursor>,
+    ) -> Vec<LaneSpec> {
         let t = &self.conn.topology;
         let shared = |stream: String, subject_prefix: Option<String>| LaneSpec {
+            source,
             stream,
             queue: None,
             subject_prefix,
         };
-        match Source::of(state) {
+        match source {
             Source::Queue => {
                 let mut names: Vec<String> = match &q.queue {
                     Some(queue) => vec![queue.clone()],
@@ -170,6 +199,7 @@ impl Jobs {
                 names
                     .into_iter()
                     .map(|name| LaneSpec {
+                        source,
                         stream: t.queue_stream(&name),
                         queue: Some(name),
                         subject_prefix: None,
@@ -197,6 +227,7 @@ impl Jobs {
         let opened = answered(doing, || self.conn.js.get_stream(&spec.stream)).await?;
         match opened.said {
             Ok(stream) => Ok(Some(Lane {
+                source: spec.source,
                 leader_only: !stream.cached_info().config.allow_direct,
                 stream,
                 queue: spec.queue,
@@ -232,7 +263,7 @@ impl Jobs {
             {
                 continue;
             }
-            if let Some(c) = candidate(&msg, Source::of(state)) {
+            if let Some(c) = candidate(&msg, lane.source) {
                 candidates.push(c);
             }
         }
@@ -245,7 +276,7 @@ impl Jobs {
         let mut listed = Vec::new();
         for (c, read) in candidates.into_iter().zip(records) {
             let Some((rec, _)) = read? else { continue };
-            if current(&rec, state, &c) && q.matches(&rec.job) {
+            if current(&rec, state, lane.source, &c) && q.matches(&rec.job) {
                 listed.push((rec.job, c.sequence));
             }
         }
@@ -253,7 +284,7 @@ impl Jobs {
     }
 
     /// The jobs a listing matches: from the queue counters (architecture §3.17), but for
-    /// `discarded` the dead letter queue's own count, as the listing shows its entries.
+    /// the dead letter queue alone its own count.
     async fn listing_total(&self, q: &ListQuery) -> Result<Option<u64>, OjsError> {
         if q.job_type.is_some() {
             return Ok(None);
@@ -272,16 +303,17 @@ impl Jobs {
                 .collect(),
             None => self.stats.current_queue_counts().await?,
         };
+        let dead_letter_only = |s: &JobState| q.sources(*s) == [Source::DeadLetter];
         let mut total: u64 = counts
             .iter()
             .flat_map(|(_, c)| {
                 states
                     .iter()
-                    .filter(|s| **s != JobState::Discarded)
+                    .filter(|s| !dead_letter_only(s))
                     .map(|s| c.states.of(*s))
             })
             .sum();
-        if states.contains(&JobState::Discarded) {
+        if states.iter().any(dead_letter_only) {
             total += match &q.queue {
                 Some(queue) => self.dead_letter.count(queue).await?,
                 None => self.dead_letter.total().await?,
@@ -332,9 +364,9 @@ fn candidate(msg: &StreamMessage, source: Source) -> Option<Candidate> {
 /// Whether the entry still stands for the job as it is: in the listed state, and for a
 /// queue message or timer of the job's current dispatch, for a dead-letter entry the one
 /// its record names.
-fn current(rec: &JobRecord, state: JobState, c: &Candidate) -> bool {
+fn current(rec: &JobRecord, state: JobState, source: Source, c: &Candidate) -> bool {
     rec.job.state == state
-        && match Source::of(state) {
+        && match source {
             Source::Queue | Source::Timers => c.dispatch == Some(rec.dispatch),
             Source::DeadLetter => rec.dead_letter == Some(c.sequence),
             Source::Finished => true,

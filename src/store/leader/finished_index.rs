@@ -1,6 +1,7 @@
-//! The leader's index of the jobs in `pending`, `completed` and `cancelled`, the states no
-//! other stream holds in time order: one entry per job on `<ns>.finished.<state>.<queue>.<id>`
-//! (architecture §3.26). Written only by the event publisher, read by listings.
+//! The leader's index of the jobs in `pending`, `completed`, `cancelled` and `discarded`
+//! (without a dead-letter entry), which no other stream holds in time order: one entry per
+//! job on `<ns>.finished.<state>.<queue>.<id>` (architecture §3.26). Written only by the
+//! event publisher, read by listings.
 
 use std::future::IntoFuture;
 
@@ -16,8 +17,12 @@ use crate::store::error::backend;
 use crate::store::topology::Topology;
 
 /// The states indexed here (`domain::listing::indexed`).
-pub(in crate::store) const FINISHED_STATES: [JobState; 3] =
-    [JobState::Pending, JobState::Completed, JobState::Cancelled];
+pub(in crate::store) const FINISHED_STATES: [JobState; 4] = [
+    JobState::Pending,
+    JobState::Completed,
+    JobState::Cancelled,
+    JobState::Discarded,
+];
 
 pub(in crate::store) struct FinishedIndex {
     streams: Vec<(JobState, Stream)>,

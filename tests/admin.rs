@@ -77,6 +77,21 @@ async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
         all_pages(&app, "queue=adm&state=available&order=asc").await,
         waiting
     );
+    // By page number, as the admin UI pages: the same jobs as the cursor's pages.
+    for (n, expected) in [(1, &desc[..7]), (2, &desc[7..14]), (5, &desc[28..])] {
+        let r = app
+            .get(&format!(
+                "/ojs/v1/admin/jobs?queue=adm&state=available&per_page=7&page={n}"
+            ))
+            .await;
+        assert_eq!(ids(&r.body), expected, "page {n}");
+        assert_eq!(r.body["pagination"]["page"], n);
+        assert_eq!(r.body["pagination"]["total"], 30);
+    }
+    let r = app
+        .get("/ojs/v1/admin/jobs?queue=adm&state=available&per_page=7&page=6")
+        .await;
+    assert!(ids(&r.body).is_empty(), "{}", r.body);
     let page = app
         .get("/ojs/v1/admin/jobs?queue=adm&state=available&per_page=5")
         .await;
@@ -164,6 +179,9 @@ async fn jobs_of_every_state_are_listed_by_queue_and_type_a_page_at_a_time() {
         ("cursor=nonsense", "cursor"),
         ("state=active&cursor=completed:3", "cursor"),
         ("type=adm.*", "type"),
+        ("page=0", "page"),
+        ("page=102&per_page=100", "page"),
+        ("page=2&cursor=completed:3", "page"),
         ("queue=Bad%20Queue", "queue"),
     ] {
         let r = app.get(&format!("/ojs/v1/admin/jobs?{query}")).await;

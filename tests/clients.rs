@@ -757,3 +757,91 @@ async fn the_command_lines_workers_rate_limits_and_config_read_flat() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body, app.get("/ojs/v1/admin/system/config").await.body);
 }
+
+/// The command line's `result` (also the admin UI's "Fetch Result") and `retries`: a job's
+/// outcome at the top level, waited for on request, and its failed attempts as strings.
+#[tokio::test]
+async fn the_command_lines_result_and_retries_read_a_jobs_outcome() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let id = app
+        .enqueue(
+            json!({"type": "cli.result", "args": [], "options": {"queue": "cli-res",
+            "retry": {"max_attempts": 3, "initial_interval": "PT0.1S", "jitter": false}}}),
+        )
+        .await;
+    let r = app.get(&format!("/ojs/v1/jobs/{id}/result")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (r.body["state"].clone(), r.body["result"].clone()),
+        (json!("available"), Value::Null)
+    );
+    app.fetch(&["cli-res"], "w").await;
+    let r = app
+        .fail(json!({"job_id": id, "error": {"code": "boom", "message": "first try failed"}}))
+        .await;
+    assert_eq!(r.body["state"], "retryable", "{}", r.body);
+    let r = app.get(&format!("/ojs/v1/jobs/{id}/retries")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["job_id"], id.as_str());
+    assert_eq!(r.body["retries"][0]["attempt"], 1);
+    assert_eq!(r.body["retries"][0]["error"], "first try failed");
+    assert!(
+        r.body["retries"][0]["next_retry_at"].is_string(),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["policy"]["max_attempts"], 3);
+    assert!(
+        r.body["policy"]["backoff_strategy"].is_string(),
+        "{}",
+        r.body
+    );
+
+    // A waiting `result` answers when the job completes, not before.
+    let waiting = {
+        let request = app.http.get(format!(
+            "{}/ojs/v1/jobs/{id}/result?wait=true&timeout=20",
+            app.base
+        ));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap();
+            ((status, body), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let jobs = app.fetch(&["cli-res"], "w").await;
+    assert_eq!(jobs[0]["id"], id.as_str());
+    let r = app.ack(json!({"job_id": id, "result": {"sent": 3}})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ((status, body), took) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["result"], json!({"sent": 3}));
+    assert!(body["completed_at"].is_string());
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+
+    // A timeout that runs out answers the state it reached; bad parameters are refused.
+    let other = app
+        .enqueue(json!({"type": "cli.result", "args": [], "options": {"queue": "cli-res2"}}))
+        .await;
+    let r = app
+        .get(&format!("/ojs/v1/jobs/{other}/result?wait=true&timeout=1"))
+        .await;
+    assert_eq!(r.body["state"], "available", "{}", r.body);
+    for bad in ["wait=soon", "timeout=61", "timeout=x"] {
+        app.get(&format!("/ojs/v1/jobs/{other}/result?{bad}"))
+            .await
+            .assert_error(400, "invalid_request");
+    }
+    app.get("/ojs/v1/jobs/019a0000-0000-7000-8000-000000000000/result")
+        .await
+        .assert_error(404, "not_found");
+    app.stop().await;
+}

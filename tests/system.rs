@@ -105,6 +105,8 @@ async fn manifest_claims_level_four_and_metrics_count_requests() {
         assert_eq!(r.body["capabilities"][capability], true, "{capability}");
     }
     assert_eq!(r.body["capabilities"]["cron_jobs"], true);
+    // The admin UI shows its cron pages only for `cron`.
+    assert_eq!(r.body["capabilities"]["cron"], true);
     assert_eq!(r.body["capabilities"]["dead_letter"], true);
     assert_eq!(r.body["capabilities"]["batch_enqueue"], true);
     app.get("/ojs/v1/health").await;

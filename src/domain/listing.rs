@@ -15,6 +15,9 @@ use super::state::JobState;
 pub const DEFAULT_PER_PAGE: usize = 20;
 pub const MAX_PER_PAGE: usize = 100;
 
+/// Jobs a listing by page number skips at most: deeper pages take the cursor.
+pub const MAX_OFFSET: usize = 10_000;
+
 /// Stream sequences one listing examines at most, so entries of other queues or of jobs
 /// that moved on cannot make one request long.
 pub const SCAN_LIMIT: u64 = 5_000;
@@ -190,6 +193,9 @@ pub struct ListQuery {
     pub per_page: usize,
     pub order: Order,
     pub cursor: Option<Cursor>,
+    /// The page by number (from 1), as tools that page by number ask; the jobs of the pages
+    /// before it are walked and skipped, so it is bounded by `MAX_OFFSET`.
+    pub page: usize,
     /// Only discarded jobs in the dead letter queue (the dead-letter routes), not those
     /// discarded without an entry there.
     pub dead_letter_only: bool,
@@ -205,6 +211,7 @@ impl ListQuery {
             per_page: MAX_PER_PAGE,
             order: Order::Asc,
             cursor: None,
+            page: 1,
             dead_letter_only: false,
         }
     }
@@ -269,6 +276,25 @@ impl ListQuery {
                 Some(cursor)
             }
         };
+        let page = match params.get("page").filter(|p| !p.is_empty()) {
+            None => 1,
+            Some(_) if cursor.is_some() => {
+                return Err(OjsError::invalid(
+                    "page",
+                    "Give either page or cursor, not both.",
+                ))
+            }
+            Some(p) => p
+                .parse::<usize>()
+                .ok()
+                .filter(|p| *p >= 1 && (p - 1).saturating_mul(per_page) <= MAX_OFFSET)
+                .ok_or_else(|| {
+                    OjsError::invalid(
+                        "page",
+                        format!("page must be a whole number from 1 that skips at most {MAX_OFFSET} jobs; page further with next_cursor."),
+                    )
+                })?,
+        };
         Ok(ListQuery {
             queue,
             state,
@@ -276,6 +302,7 @@ impl ListQuery {
             per_page,
             order,
             cursor,
+            page,
             dead_letter_only: false,
         })
     }

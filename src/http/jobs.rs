@@ -17,7 +17,10 @@ use super::state::SharedState;
 use crate::domain::backpressure;
 use crate::domain::envelope;
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::fields;
 use crate::domain::job::Job;
+use crate::domain::state::JobState;
+use crate::domain::time;
 use crate::store::{deadline, Enqueued};
 
 /// The request header of a PUSH willing to wait for room in a full queue.
@@ -252,4 +255,92 @@ pub async fn activate(
     let mut body = serde_json::to_value(&job).expect("jobs serialize");
     body["previous_state"] = json!("pending");
     Ok(respond(StatusCode::OK, &json!({ "job": body })))
+}
+
+/// The longest `GET /jobs/{id}/result?wait=true` waits, in seconds.
+const MAX_RESULT_WAIT_SECS: usize = 60;
+
+/// `GET /ojs/v1/jobs/{id}/result[?wait=true&timeout=N]` (the `ojs` command line's
+/// `result`, the admin UI's "Fetch Result"): the job's outcome at the top level. With
+/// `wait`, the answer comes when the job finishes or after `timeout` seconds (30 by
+/// default, at most 60), whichever is first; the record is read again at growing
+/// intervals meanwhile, never faster than ten times a second.
+pub async fn result(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let id = job_id(&id)?;
+    let wait = match params.get("wait").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "wait",
+                format!(
+                    "wait must be true or false, not {:?}.",
+                    fields::truncated(other)
+                ),
+            )
+            .into())
+        }
+    };
+    let timeout = super::extract::query_number(&params, "timeout", 30, MAX_RESULT_WAIT_SECS)?;
+    let until = tokio::time::Instant::now() + Duration::from_secs(timeout as u64);
+    let mut pause = Duration::from_millis(100);
+    let job = loop {
+        let job = state.store.jobs().info(&id).await?;
+        if !wait || job.state.is_terminal() || tokio::time::Instant::now() >= until {
+            break job;
+        }
+        tokio::time::sleep_until((tokio::time::Instant::now() + pause).min(until)).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    };
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "job_id": job.id,
+            "state": job.state,
+            "result": job.result,
+            "error": job.error,
+            "completed_at": job.completed_at.map(time::format),
+        }),
+    ))
+}
+
+/// `GET /ojs/v1/jobs/{id}/retries` (the `ojs` command line's `retries`): each failed
+/// attempt from the job's error history, the message as a string, and the retry policy.
+pub async fn retries(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let job = state.store.jobs().info(&job_id(&id)?).await?;
+    let last = job.errors.last().map(|e| e.attempt);
+    let retries: Vec<Value> = job
+        .errors
+        .iter()
+        .map(|e| {
+            let next = (Some(e.attempt) == last && job.state == JobState::Retryable)
+                .then_some(job.next_attempt_at.map(time::format))
+                .flatten();
+            json!({
+                "attempt": e.attempt,
+                "state": "failed",
+                "error": e.message,
+                "code": e.code,
+                "failed_at": time::format(e.occurred_at),
+                "next_retry_at": next,
+            })
+        })
+        .collect();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "job_id": job.id,
+            "state": job.state,
+            "attempt": job.attempt,
+            "retries": retries,
+            "policy": job.retry,
+        }),
+    ))
 }

@@ -170,6 +170,20 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/jobs/{id}/result",
+            Key,
+            "A job's outcome; with wait=true, once it finishes",
+            jobs::result,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/jobs/{id}/retries",
+            Key,
+            "A job's failed attempts and its retry policy",
+            jobs::retries,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/jobs/{id}/events",
             Key,
             "A job's live events (SSE)",

@@ -85,6 +85,8 @@ pub async fn manifest(State(state): State<SharedState>) -> Response {
         "capabilities": {
             "batch_enqueue": true,
             "cron_jobs": true,
+            // The admin UI's name for the same capability.
+            "cron": true,
             "dead_letter": true,
             "delayed_jobs": true,
             "job_ttl": true,

@@ -17,7 +17,7 @@ use crate::http::respond::{job_id, respond, respond_wrapped_and_bare};
 use crate::http::state::SharedState;
 use crate::store::JobPage;
 
-/// `GET /admin/jobs`: `{items, pagination: {total, per_page, next_cursor}}`.
+/// `GET /admin/jobs`: `{items, pagination: {total, page, per_page, next_cursor}}`.
 pub async fn list(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,
@@ -41,6 +41,7 @@ pub fn page_body(q: &ListQuery, page: JobPage) -> Value {
         "items": page.jobs.iter().map(summary).collect::<Vec<_>>(),
         "pagination": {
             "total": page.total,
+            "page": q.page,
             "per_page": q.per_page,
             "next_cursor": page.next.map(|c| c.encode()),
         },

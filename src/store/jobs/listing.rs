@@ -15,7 +15,9 @@ use serde::Deserialize;
 use super::Jobs;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
-use crate::domain::listing::{next_window, window, Cursor, ListQuery, Order, Source, SCAN_LIMIT};
+use crate::domain::listing::{
+    next_window, window, Cursor, ListQuery, Order, Source, MAX_PER_PAGE, SCAN_LIMIT,
+};
 use crate::domain::state::JobState;
 use crate::store::cas::Replica;
 use crate::store::deadline::answered;
@@ -77,8 +79,25 @@ impl Jobs {
     /// # Errors
     /// When NATS fails.
     pub async fn list(&self, q: &ListQuery) -> Result<JobPage, OjsError> {
-        let ((jobs, next), total) = tokio::try_join!(self.walk(q), self.listing_total(q))?;
+        let ((jobs, next), total) = tokio::try_join!(self.walk_to_page(q), self.listing_total(q))?;
         Ok(JobPage { jobs, next, total })
+    }
+
+    /// The page `q.page` asks for: the jobs of the pages before it walked and skipped.
+    async fn walk_to_page(&self, q: &ListQuery) -> Result<(Vec<Job>, Option<Cursor>), OjsError> {
+        let mut skip = (q.page - 1) * q.per_page;
+        let mut at = q.clone();
+        while skip > 0 {
+            at.per_page = skip.min(MAX_PER_PAGE);
+            let (skipped, next) = self.walk(&at).await?;
+            skip -= skipped.len();
+            match next {
+                Some(next) => at.cursor = Some(next),
+                None => return Ok((Vec::new(), None)),
+            }
+        }
+        at.per_page = q.per_page;
+        self.walk(&at).await
     }
 
     /// The page's jobs and where the next page starts.

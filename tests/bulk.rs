@@ -203,7 +203,7 @@ async fn bulk_requests_outside_the_bounds_are_refused_before_any_job_changes() {
     let r = app
         .post(
             "/ojs/v1/jobs/bulk/cancel",
-            json!({"filter": {"queue": "bounds"}}),
+            json!({"filter": {"queue": "bounds", "priority": 1}}),
         )
         .await;
     r.assert_error(422, "unsupported");

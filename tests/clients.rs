@@ -845,3 +845,140 @@ async fn the_command_lines_result_and_retries_read_a_jobs_outcome() {
         .assert_error(404, "not_found");
     app.stop().await;
 }
+
+/// The command line's bulk by filter (data plane, no confirmation), queue and dead-letter
+/// purges, and `metrics`; the admin UI's dead-letter "Bulk Retry All" and statistics.
+#[tokio::test]
+async fn the_command_lines_bulk_filters_purges_and_metrics() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let waiting = [
+        app.enqueue(json!({"type": "cli.b", "args": [], "options": {"queue": "cli-bulk"}}))
+            .await,
+        app.enqueue(json!({"type": "cli.b", "args": [], "options": {"queue": "cli-bulk"}}))
+            .await,
+    ];
+    // A filter without a state takes the states the operation applies to.
+    let r = app
+        .post(
+            "/ojs/v1/jobs/bulk/cancel",
+            json!({"filter": {"queue": "cli-bulk"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (r.body["cancelled"].as_u64(), r.body["failed"].as_u64()),
+        (Some(2), Some(0))
+    );
+    for id in &waiting {
+        assert_eq!(app.job(id).await["state"], "cancelled");
+    }
+    // None that old: nothing selected.
+    let r = app
+        .post(
+            "/ojs/v1/jobs/bulk/delete",
+            json!({"filter": {"state": "cancelled", "queue": "cli-bulk", "older_than": "7d"}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["deleted"].as_u64()),
+        (200, Some(0)),
+        "{}",
+        r.body
+    );
+    app.post(
+        "/ojs/v1/jobs/bulk/cancel",
+        json!({"filter": {"priority": 1}}),
+    )
+    .await
+    .assert_error(422, "unsupported");
+    // When no job went through, the reason is under `error` too.
+    let r = app
+        .post(
+            "/ojs/v1/jobs/bulk/cancel",
+            json!({"job_ids": ["019a0000-0000-7000-8000-000000000000"]}),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert_eq!(r.body["error"]["code"], "not_found", "{}", r.body);
+    // `queues --purge`: the cancelled jobs, once the leader has indexed them.
+    eventually(Duration::from_secs(5), "the queue purged", || async {
+        let r = app
+            .post(
+                "/ojs/v1/queues/cli-bulk/purge",
+                json!({"states": ["cancelled"]}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        (r.body["deleted"] == 2).then_some(())
+    })
+    .await;
+    app.get(&format!("/ojs/v1/jobs/{}", waiting[1]))
+        .await
+        .assert_error(404, "not_found");
+
+    // Dead letters: retried all at once by the admin UI, purged by the command line.
+    for _ in 0..3 {
+        common::dead_letter_a_job(&app, "cli-dead").await;
+    }
+    let r = app.get("/ojs/v1/admin/dead-letter/stats").await;
+    assert_eq!(r.body["total"], 3, "{}", r.body);
+    app.post("/ojs/v1/admin/dead-letter/retry", json!({"filter": {}}))
+        .await
+        .assert_error(400, "invalid_request");
+    let r = app
+        .post(
+            "/ojs/v1/admin/dead-letter/retry",
+            json!({"filter": {}, "confirm": true}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["succeeded"].as_u64()),
+        (200, Some(3)),
+        "{}",
+        r.body
+    );
+    for _ in 0..3 {
+        let jobs = app.fetch(&["cli-dead"], "w").await;
+        let id = jobs[0]["id"].as_str().unwrap();
+        app.nack(json!({"job_id": id, "error": {"code": "e", "message": "again"}}))
+            .await;
+    }
+    let r = app
+        .post("/ojs/v1/dead-letter/purge?older_than=7d", json!({}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.body["deleted"].as_u64()),
+        (200, Some(0)),
+        "{}",
+        r.body
+    );
+    app.post("/ojs/v1/dead-letter/purge?older_than=soon", json!({}))
+        .await
+        .assert_error(400, "invalid_request");
+    let r = app.post("/ojs/v1/dead-letter/purge", json!({})).await;
+    assert_eq!(r.body["deleted"], 3, "{}", r.body);
+    assert_eq!(app.get("/ojs/v1/dead-letter/stats").await.body["total"], 0);
+
+    // `metrics`: JSON with integer totals; Prometheus text on request.
+    eventually(Duration::from_secs(5), "jobs counted", || async {
+        let r = app.get("/ojs/v1/metrics").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        (r.body["jobs_enqueued_total"].as_u64() == Some(5)).then_some(r.body)
+    })
+    .await;
+    let r = app.get("/ojs/v1/metrics").await;
+    assert!(r.body["jobs_failed_total"].is_u64(), "{}", r.body);
+    assert!(r.body["uptime_seconds"].is_f64(), "{}", r.body);
+    let text = app
+        .http
+        .get(format!("{}/ojs/v1/metrics?format=prometheus", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("# TYPE"), "{text}");
+    app.stop().await;
+}

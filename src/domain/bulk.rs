@@ -4,11 +4,16 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{json, Map, Value};
 
+use super::duration;
 use super::error::{ErrorCode, OjsError};
 use super::fields;
+use super::job::Job;
 use super::listing::ListQuery;
+use super::state::JobState;
+use super::time;
 
 /// Most job ids one bulk request may name (the spec asks for at least 100, 1,000 advised).
 pub const MAX_BULK_IDS: usize = 1_000;
@@ -43,45 +48,18 @@ impl BulkOp {
 /// The job ids a bulk request names, in order.
 ///
 /// # Errors
-/// 400 for a missing, empty or ill-typed `job_ids` or a bad `atomicity`; 413 past
-/// `MAX_BULK_IDS`; 422 `unsupported` for a `filter` (selecting jobs by field needs an index
-/// the server does not keep yet) and for `atomicity: "atomic"` (each job is its own
-/// compare-and-set: no all-or-none across jobs).
+/// 400 for a missing, empty or ill-typed `job_ids`, one beside a `filter`, or a bad
+/// `atomicity`; 413 past `MAX_BULK_IDS`; 422 `unsupported` for `atomicity: "atomic"` (each
+/// job is its own compare-and-set: no all-or-none across jobs).
 pub fn job_ids(body: &Map<String, Value>) -> Result<Vec<String>, OjsError> {
-    let filter = fields::present(body.get("filter"));
     let ids = fields::array(body.get("job_ids"), "job_ids", "an array of job ids")?;
-    match (ids, filter) {
-        (Some(_), Some(_)) => {
-            return Err(OjsError::invalid(
-                "filter",
-                "Give either job_ids or filter, not both.",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(OjsError::new(
-                ErrorCode::Unsupported,
-                "Selecting jobs by filter is not supported; name them in job_ids.",
-            )
-            .with_detail("field", "filter"))
-        }
-        _ => {}
+    if ids.is_some() && fields::present(body.get("filter")).is_some() {
+        return Err(OjsError::invalid(
+            "filter",
+            "Give either job_ids or filter, not both.",
+        ));
     }
-    match fields::string(body.get("atomicity"), "atomicity")? {
-        None | Some("partial") => {}
-        Some("atomic") => {
-            return Err(OjsError::new(
-                ErrorCode::Unsupported,
-                "Atomic bulk cancel, retry and delete are not supported: each job changes on its own. Use \"partial\" and read the result of each item.",
-            )
-            .with_detail("field", "atomicity"))
-        }
-        Some(other) => {
-            return Err(OjsError::invalid(
-                "atomicity",
-                format!("atomicity must be \"partial\" or \"atomic\", got \"{}\".", fields::truncated(other)),
-            ))
-        }
-    }
+    partial(body)?;
     let ids = ids.ok_or_else(|| fields::missing("job_ids", "an array of job ids"))?;
     if ids.is_empty() {
         return Err(OjsError::invalid(
@@ -105,6 +83,174 @@ pub fn job_ids(body: &Map<String, Value>) -> Result<Vec<String>, OjsError> {
             other => Err(fields::type_error("job_ids", "an array of job ids", other)),
         })
         .collect()
+}
+
+/// `atomicity`: only `"partial"` is served.
+fn partial(body: &Map<String, Value>) -> Result<(), OjsError> {
+    match fields::string(body.get("atomicity"), "atomicity")? {
+        None | Some("partial") => Ok(()),
+        Some("atomic") => Err(OjsError::new(
+            ErrorCode::Unsupported,
+            "Atomic bulk cancel, retry and delete are not supported: each job changes on its own. Use \"partial\" and read the result of each item.",
+        )
+        .with_detail("field", "atomicity")),
+        Some(other) => Err(OjsError::invalid(
+            "atomicity",
+            format!("atomicity must be \"partial\" or \"atomic\", got \"{}\".", fields::truncated(other)),
+        )),
+    }
+}
+
+/// What a bulk request of the data plane selects (bulk-operations spec §6–§8): job ids, or
+/// a filter walked through the listings, at most `MAX_BULK_IDS` jobs a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DataSelection {
+    Ids(Vec<String>),
+    Filter(Filter),
+}
+
+/// A bulk filter: one listing per state, and what a listed job must also match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    pub queries: Vec<ListQuery>,
+    pub enqueued_before: Option<DateTime<Utc>>,
+    pub enqueued_after: Option<DateTime<Utc>>,
+    /// Only jobs that finished before this: the `ojs` command line's `older_than`.
+    pub finished_before: Option<DateTime<Utc>>,
+}
+
+impl Filter {
+    pub fn matches(&self, job: &Job) -> bool {
+        let enqueued = job.enqueued_at.unwrap_or(job.created_at);
+        self.enqueued_before.is_none_or(|t| enqueued < t)
+            && self.enqueued_after.is_none_or(|t| enqueued > t)
+            && self
+                .finished_before
+                .is_none_or(|t| job.finished_at().is_some_and(|at| at < t))
+    }
+}
+
+impl BulkOp {
+    /// The states a filter without `state` selects: those the operation applies to.
+    fn default_states(self) -> &'static [JobState] {
+        match self {
+            BulkOp::Cancel => &[JobState::Available, JobState::Scheduled],
+            BulkOp::Retry => &[JobState::Discarded, JobState::Retryable],
+            BulkOp::Delete => &[
+                JobState::Completed,
+                JobState::Cancelled,
+                JobState::Discarded,
+            ],
+        }
+    }
+}
+
+/// # Errors
+/// What `job_ids` refuses; for a filter, 400 naming a field that is ill-typed, unknown or
+/// beside `job_ids`, and 422 `unsupported` for `priority` and `meta` (no index to select by).
+pub fn data_selection(
+    body: &Map<String, Value>,
+    op: BulkOp,
+    now: DateTime<Utc>,
+) -> Result<DataSelection, OjsError> {
+    let Some(filter) = fields::present(body.get("filter")) else {
+        return job_ids(body).map(DataSelection::Ids);
+    };
+    if fields::present(body.get("job_ids")).is_some() {
+        return Err(OjsError::invalid(
+            "filter",
+            "Give either job_ids or filter, not both.",
+        ));
+    }
+    partial(body)?;
+    let Value::Object(filter) = filter else {
+        return Err(fields::type_error("filter", "an object", filter));
+    };
+    let mut params = HashMap::new();
+    let mut states = Vec::new();
+    let mut selected = Filter {
+        queries: Vec::new(),
+        enqueued_before: None,
+        enqueued_after: None,
+        finished_before: None,
+    };
+    for (key, value) in filter {
+        match (key.as_str(), value) {
+            (_, Value::Null) => {}
+            ("queue" | "type", Value::String(v)) => {
+                params.insert(key.clone(), v.clone());
+            }
+            ("state", Value::String(v)) => states.push(v.as_str()),
+            ("state", Value::Array(vs)) => {
+                for v in vs {
+                    states.push(v.as_str().ok_or_else(|| {
+                        fields::type_error("state", "a state or an array of states", v)
+                    })?);
+                }
+            }
+            ("enqueued_before" | "enqueued_after", Value::String(v)) => {
+                let at = time::parse(v).ok_or_else(|| {
+                    OjsError::invalid(
+                        key,
+                        format!("{key} must be an RFC 3339 time, got {:?}.", fields::truncated(v)),
+                    )
+                })?;
+                if key == "enqueued_before" {
+                    selected.enqueued_before = Some(at);
+                } else {
+                    selected.enqueued_after = Some(at);
+                }
+            }
+            ("older_than", Value::String(v)) => {
+                let age = duration::age(v).ok_or_else(|| {
+                    OjsError::invalid(
+                        "older_than",
+                        format!("older_than must be a duration such as 7d, 12h or P1D, got {:?}.", fields::truncated(v)),
+                    )
+                })?;
+                selected.finished_before = TimeDelta::from_std(age)
+                    .ok()
+                    .and_then(|age| now.checked_sub_signed(age));
+            }
+            ("priority" | "meta", _) => {
+                return Err(OjsError::new(
+                    ErrorCode::Unsupported,
+                    format!("Selecting jobs by {key} is not supported: filter by queue, type, state and times."),
+                )
+                .with_detail("field", format!("filter.{key}")))
+            }
+            ("queue" | "type" | "state" | "enqueued_before" | "enqueued_after" | "older_than", other) => {
+                return Err(fields::type_error(key, "a string", other))
+            }
+            (other, _) => {
+                return Err(OjsError::invalid(
+                    "filter",
+                    format!("Unknown filter field {:?}: filter by queue, type, state, enqueued_before, enqueued_after and older_than.", fields::truncated(other)),
+                ))
+            }
+        }
+    }
+    let states: Vec<JobState> = if states.is_empty() {
+        op.default_states().to_vec()
+    } else {
+        states
+            .into_iter()
+            .map(|s| {
+                JobState::parse(s).ok_or_else(|| {
+                    OjsError::invalid(
+                        "state",
+                        format!("Unknown state {:?}.", fields::truncated(s)),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let q = ListQuery::parse(&params)?;
+    selected.queries = states
+        .into_iter()
+        .map(|state| ListQuery::of(q.queue.clone(), Some(state), q.job_type.clone()))
+        .collect();
+    Ok(DataSelection::Filter(selected))
 }
 
 /// The answer to a bulk request: 200 when every job went through, 422 when none did, 207
@@ -145,6 +291,13 @@ pub fn answer(op: BulkOp, ids: &[String], results: &[Result<(), OjsError>]) -> (
         "items": items,
     });
     body[op.done()] = json!(done);
+    if let (422, Some(Err(first))) = (status, results.first()) {
+        // Clients read a failed request's reason under `error` (errors spec §3).
+        body["error"] = json!({
+            "code": first.code.as_str(),
+            "message": format!("No job was {}: each item says why (the first: {}).", op.done(), first.message),
+        });
+    }
     (status, body)
 }
 
@@ -336,16 +489,82 @@ mod tests {
     }
 
     #[test]
-    fn filters_and_atomic_mode_are_refused_as_unsupported() {
-        let code = |v: Value| job_ids(&body(v)).unwrap_err().code;
-        assert_eq!(
-            code(json!({"filter": {"queue": "q"}})),
-            ErrorCode::Unsupported
-        );
+    fn atomic_mode_and_filters_by_priority_or_meta_are_refused_as_unsupported() {
+        let now = Utc::now();
+        let code = |v: Value| {
+            data_selection(&body(v), BulkOp::Cancel, now)
+                .unwrap_err()
+                .code
+        };
         assert_eq!(
             code(json!({"job_ids": ["a"], "atomicity": "atomic"})),
             ErrorCode::Unsupported
         );
+        assert_eq!(
+            code(json!({"filter": {"queue": "q"}, "atomicity": "atomic"})),
+            ErrorCode::Unsupported
+        );
+        assert_eq!(
+            code(json!({"filter": {"priority": 3}})),
+            ErrorCode::Unsupported
+        );
+        assert_eq!(
+            code(json!({"filter": {"meta": {}}})),
+            ErrorCode::Unsupported
+        );
+        for bad in [
+            json!({"filter": {"queue": 1}}),
+            json!({"filter": {"state": "done"}}),
+            json!({"filter": {"state": [1]}}),
+            json!({"filter": {"colour": "red"}}),
+            json!({"filter": {"older_than": "soon"}}),
+            json!({"filter": {"enqueued_before": "yesterday"}}),
+            json!({"filter": "q"}),
+            json!({"filter": {}, "job_ids": ["a"]}),
+        ] {
+            assert_eq!(code(bad.clone()), ErrorCode::InvalidRequest, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_filter_walks_each_state_and_matches_times() {
+        use crate::domain::fixtures::record;
+        let now = Utc::now();
+        let DataSelection::Filter(f) = data_selection(
+            &body(json!({"filter": {"queue": "q", "older_than": "7d"}})),
+            BulkOp::Delete,
+            now,
+        )
+        .unwrap() else {
+            panic!("a filter");
+        };
+        let states: Vec<_> = f.queries.iter().map(|q| q.state).collect();
+        assert_eq!(
+            states,
+            [
+                JobState::Completed,
+                JobState::Cancelled,
+                JobState::Discarded
+            ]
+            .map(Some)
+        );
+        assert!(f.queries.iter().all(|q| q.queue.as_deref() == Some("q")));
+        let mut job = record(json!({})).job;
+        job.state = JobState::Completed;
+        job.completed_at = Some(now - TimeDelta::days(8));
+        assert!(f.matches(&job));
+        job.completed_at = Some(now - TimeDelta::days(6));
+        assert!(!f.matches(&job));
+        let DataSelection::Filter(f) = data_selection(
+            &body(json!({"filter": {"state": "retryable"}})),
+            BulkOp::Retry,
+            now,
+        )
+        .unwrap() else {
+            panic!("a filter");
+        };
+        assert_eq!(f.queries.len(), 1);
+        assert_eq!(f.queries[0].state, Some(JobState::Retryable));
     }
 
     #[test]

@@ -27,6 +27,16 @@ pub fn parse(text: &str) -> Option<Duration> {
     d.filter(|d| *d <= MAX)
 }
 
+/// An age as operators write one (`7d`, the `ojs` command line's form) or any duration
+/// `parse` takes; at most a century of days.
+pub fn age(text: &str) -> Option<Duration> {
+    match text.strip_suffix('d').map(str::parse::<u64>) {
+        Some(Ok(days)) if days <= 36_500 => Some(Duration::from_secs(days * 86_400)),
+        Some(_) => None,
+        None => parse(text),
+    }
+}
+
 /// A whole number of `unit_ms` milliseconds (1 for `*_ms` fields, 1000 for seconds) as a
 /// duration of at most [`MAX`]; `positive` refuses zero.
 ///

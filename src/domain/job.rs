@@ -125,6 +125,16 @@ pub struct Job {
 }
 
 impl Job {
+    /// When a finished job finished; `None` while it has not.
+    pub fn finished_at(&self) -> Option<DateTime<Utc>> {
+        match self.state {
+            JobState::Completed => self.completed_at,
+            JobState::Cancelled => self.cancelled_at,
+            JobState::Discarded => self.discarded_at,
+            _ => None,
+        }
+    }
+
     /// The error reported at `attempt`: the latest, else the history's entry (which keeps at
     /// least the last ten).
     pub fn error_at(&self, attempt: u32) -> Option<&JobError> {

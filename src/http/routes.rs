@@ -82,6 +82,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             "Readiness: 503 while NATS is unreachable",
             system::ready,
         )
+        .add(
+            M::GET,
+            "/ojs/v1/metrics",
+            Key,
+            "Job totals as JSON (format=prometheus: /metrics)",
+            system::metrics_summary,
+        )
         .add(M::GET, "/readyz", Probe, "Readiness (alias)", system::ready)
         .add(
             M::GET,
@@ -345,6 +352,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             admin::queues::configure,
         )
         .add(
+            M::POST,
+            "/ojs/v1/queues/{name}/purge",
+            Admin,
+            "Purge a queue's finished jobs of some states",
+            admin::queues::purge,
+        )
+        .add(
             M::DELETE,
             "/ojs/v1/admin/queues/{name}/jobs",
             Admin,
@@ -413,6 +427,27 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             Admin,
             "Purge dead-lettered jobs",
             admin::dead_letter::purge_all,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/dead-letter/retry",
+            Admin,
+            "Retry every dead-lettered job a filter matches",
+            admin::dead_letter::retry_all,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/dead-letter/stats",
+            Admin,
+            "Dead letter queue counts (alias of /ojs/v1/dead-letter/stats)",
+            dead_letter::stats,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/dead-letter/purge",
+            Admin,
+            "Purge dead-lettered jobs older than an age",
+            admin::dead_letter::purge_by_age,
         )
         .add(
             M::POST,

@@ -1,12 +1,20 @@
 //! Health, manifest and metrics (HTTP binding §8, §21).
 
-use axum::extract::State;
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use chrono::Utc;
 use serde_json::json;
 
+use super::error::ApiError;
 use super::respond::respond;
 use super::state::SharedState;
+use crate::domain::error::OjsError;
+use crate::domain::fields;
+use crate::domain::state::JobState;
+use crate::domain::totals::Histogram;
 use crate::telemetry::job_metrics;
 use tracing::warn;
 
@@ -142,4 +150,54 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     response
+}
+
+/// `GET /ojs/v1/metrics` (the `ojs` command line's `metrics`): the cluster's job totals as
+/// one JSON object, read from the queue counters as the admin statistics are;
+/// `?format=prometheus` answers `/metrics`.
+pub async fn metrics_summary(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    match params.get("format").map(String::as_str) {
+        None | Some("json") => {}
+        Some("prometheus") => return Ok(metrics(State(state)).await),
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "format",
+                format!(
+                    "format must be json or prometheus, not {:?}.",
+                    fields::truncated(other)
+                ),
+            )
+            .into())
+        }
+    }
+    let totals = state.store.leader().cluster_totals().await?;
+    let now = Utc::now();
+    let types = || totals.queues.iter().flat_map(|(_, c)| c.types.values());
+    let mut run = Histogram::default();
+    for t in types() {
+        if let Some(h) = t.durations.get(&JobState::Completed) {
+            run.merge(h);
+        }
+    }
+    let avg_latency_ms = match run.count() {
+        0 => 0.0,
+        n => run.sum / n as f64 * 1000.0,
+    };
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "uptime_seconds": state.started.elapsed().as_secs_f64(),
+            "jobs_enqueued_total": types().map(|t| t.enqueued).sum::<u64>(),
+            "jobs_completed_total": types().map(|t| t.completed).sum::<u64>(),
+            "jobs_failed_total": types().map(|t| t.discarded()).sum::<u64>(),
+            "jobs_active": totals.queues.iter().map(|(_, c)| c.states.of(JobState::Active)).sum::<u64>(),
+            "queues_active": state.store.queues().list().len(),
+            "workers_active": totals.workers,
+            "avg_latency_ms": avg_latency_ms,
+            "throughput_per_second": totals.queues.iter().map(|(_, c)| c.throughput(now)).sum::<f64>(),
+        }),
+    ))
 }

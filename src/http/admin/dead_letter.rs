@@ -7,11 +7,15 @@ use std::collections::HashMap;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use chrono::{TimeDelta, Utc};
+use serde_json::Value;
 
 use super::jobs::page_body;
-use super::{older_than, purge};
-use crate::domain::bulk::confirmed;
+use super::{older_than, purge, run_on_listing};
+use crate::domain::bulk::{confirmed, BulkOp};
+use crate::domain::duration;
 use crate::domain::envelope::validate_queue;
+use crate::domain::error::OjsError;
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
 use crate::domain::state::JobState;
@@ -50,4 +54,83 @@ pub async fn purge_all(
         ..ListQuery::of(queue, None, None)
     };
     purge(&state.store, q, vec![JobState::Discarded], older_than).await
+}
+
+/// `POST /ojs/v1/dead-letter/purge?older_than=7d&queue=` (the `ojs` command line's
+/// `dead-letter --purge`): the purge above, its path the confirmation, the age as a
+/// duration; `{deleted}`.
+pub async fn purge_by_age(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let queue = params.get("queue").filter(|q| !q.is_empty()).cloned();
+    if let Some(q) = &queue {
+        validate_queue(q)?;
+    }
+    let older_than = match params.get("older_than").filter(|a| !a.is_empty()) {
+        None => None,
+        Some(text) => {
+            let age = duration::age(text)
+                .and_then(|age| TimeDelta::from_std(age).ok())
+                .ok_or_else(|| {
+                    OjsError::invalid(
+                        "older_than",
+                        format!(
+                            "older_than must be a duration such as 7d, 12h or P1D, got {:?}.",
+                            fields::truncated(text)
+                        ),
+                    )
+                })?;
+            Some(Utc::now() - age)
+        }
+    };
+    let q = ListQuery {
+        dead_letter_only: true,
+        ..ListQuery::of(queue, None, None)
+    };
+    purge(&state.store, q, vec![JobState::Discarded], older_than).await
+}
+
+/// `POST /ojs/v1/admin/dead-letter/retry` with `{filter: {queue?, type?}, confirm: true}`
+/// (the admin UI's "Bulk Retry All": an empty filter is the whole dead letter queue): its
+/// jobs run again, up to `MAX_BULK_IDS` a request, answered as a bulk retry.
+pub async fn retry_all(
+    State(state): State<SharedState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    confirmed(&body)?;
+    let mut params = HashMap::new();
+    match fields::present(body.get("filter")) {
+        None => {}
+        Some(Value::Object(filter)) => {
+            for (key, value) in filter {
+                match (key.as_str(), value) {
+                    (_, Value::Null) => {}
+                    ("queue" | "type", Value::String(v)) => {
+                        params.insert(key.clone(), v.clone());
+                    }
+                    ("queue" | "type", other) => {
+                        return Err(fields::type_error(key, "a string", other).into())
+                    }
+                    (other, _) => {
+                        return Err(OjsError::invalid(
+                            "filter",
+                            format!(
+                                "Unknown filter field {:?}: the dead letter queue is filtered by queue and type.",
+                                fields::truncated(other)
+                            ),
+                        )
+                        .into())
+                    }
+                }
+            }
+        }
+        Some(other) => return Err(fields::type_error("filter", "an object", other).into()),
+    }
+    let q = ListQuery::parse(&params)?;
+    let q = ListQuery {
+        dead_letter_only: true,
+        ..ListQuery::of(q.queue, Some(JobState::Discarded), q.job_type)
+    };
+    run_on_listing(&state.store, BulkOp::Retry, q).await
 }

@@ -34,7 +34,11 @@ pub async fn reset(State(state): State<SharedState>) -> Result<Response, ApiErro
 }
 
 /// The jobs a filter matches, oldest first, at most `cap`; and whether more match.
-async fn select(store: &Store, mut q: ListQuery, cap: usize) -> Result<(Vec<Job>, bool), OjsError> {
+pub(super) async fn select(
+    store: &Store,
+    mut q: ListQuery,
+    cap: usize,
+) -> Result<(Vec<Job>, bool), OjsError> {
     let mut jobs = Vec::new();
     loop {
         q.per_page = (cap - jobs.len()).clamp(1, crate::domain::listing::MAX_PER_PAGE);
@@ -48,7 +52,8 @@ async fn select(store: &Store, mut q: ListQuery, cap: usize) -> Result<(Vec<Job>
 }
 
 /// Removes the finished jobs of `states` matching `q` that finished before `older_than`,
-/// up to `MAX_BULK_IDS` a request (admin spec §6.5, §11.3): `{purged_count, states, more}`.
+/// up to `MAX_BULK_IDS` a request (admin spec §6.5, §11.3): `{purged_count, states, more}`,
+/// and `deleted` as the `ojs` command line reads it.
 async fn purge(
     store: &Store,
     q: ListQuery,
@@ -70,7 +75,7 @@ async fn purge(
         let ids: Vec<String> = jobs
             .into_iter()
             .filter(|job| {
-                older_than.is_none_or(|limit| finished_at(job).is_some_and(|at| at < limit))
+                older_than.is_none_or(|limit| job.finished_at().is_some_and(|at| at < limit))
             })
             .map(|job| job.id)
             .collect();
@@ -91,20 +96,11 @@ async fn purge(
         StatusCode::OK,
         &json!({
             "purged_count": purged,
+            "deleted": purged,
             "states": states.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
             "more": more,
         }),
     ))
-}
-
-/// When a finished job finished.
-fn finished_at(job: &Job) -> Option<DateTime<Utc>> {
-    match job.state {
-        JobState::Completed => job.completed_at,
-        JobState::Cancelled => job.cancelled_at,
-        JobState::Discarded => job.discarded_at,
-        _ => None,
-    }
 }
 
 /// `older_than` of a purge request, an RFC 3339 time.
@@ -131,13 +127,24 @@ async fn run_bulk(
     body: &Map<String, Value>,
     op: BulkOp,
 ) -> Result<Response, ApiError> {
-    let (ids, more) = match bulk::selection(body)? {
-        bulk::Selection::Ids(ids) => (ids, false),
-        bulk::Selection::Filter(q) => {
-            let (jobs, more) = select(store, q, MAX_BULK_IDS).await?;
-            (jobs.into_iter().map(|j| j.id).collect(), more)
-        }
-    };
+    match bulk::selection(body)? {
+        bulk::Selection::Ids(ids) => run_on(store, op, ids, false).await,
+        bulk::Selection::Filter(q) => run_on_listing(store, op, q).await,
+    }
+}
+
+/// Runs a bulk operation over the first `MAX_BULK_IDS` jobs of a listing.
+async fn run_on_listing(store: &Store, op: BulkOp, q: ListQuery) -> Result<Response, ApiError> {
+    let (jobs, more) = select(store, q, MAX_BULK_IDS).await?;
+    run_on(store, op, jobs.into_iter().map(|j| j.id).collect(), more).await
+}
+
+async fn run_on(
+    store: &Store,
+    op: BulkOp,
+    ids: Vec<String>,
+    more: bool,
+) -> Result<Response, ApiError> {
     let results = store.jobs().bulk(op, &ids).await;
     let mut answer = bulk::admin_answer(op, &ids, &results);
     answer["more"] = json!(more);

@@ -8,7 +8,7 @@ use axum::response::Response;
 use chrono::Utc;
 use serde_json::{json, Value};
 
-use super::{older_than, purge};
+use super::older_than;
 use crate::domain::bulk::confirmed;
 use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
@@ -99,6 +99,25 @@ pub async fn purge_jobs(
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
     confirmed(&body)?;
+    purge_finished(&state, name, &body).await
+}
+
+/// `POST /ojs/v1/queues/{name}/purge` with `{states, older_than?}` (the `ojs` command
+/// line's `queues --purge`): the purge above, its path the confirmation; `{deleted}`.
+pub async fn purge(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    purge_finished(&state, name, &body).await
+}
+
+async fn purge_finished(
+    state: &SharedState,
+    name: String,
+    body: &serde_json::Map<String, Value>,
+) -> Result<Response, ApiError> {
     let states = fields::array(body.get("states"), "states", "an array of states")?
         .ok_or_else(|| fields::missing("states", "an array of finished states"))?
         .iter()
@@ -117,8 +136,8 @@ pub async fn purge_jobs(
     if states.is_empty() {
         return Err(OjsError::invalid("states", "Name at least one state to purge.").into());
     }
-    let older_than = older_than(&body)?;
-    purge(
+    let older_than = older_than(body)?;
+    super::purge(
         &state.store,
         ListQuery::of(Some(name), None, None),
         states,

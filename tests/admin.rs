@@ -695,8 +695,29 @@ async fn dead_letter_stats_and_rate_limits_show_what_is_held_without_reading_eve
     );
     assert!(r.body["rate"]["window_resets_at"].is_string());
     assert_eq!(r.body["waiting_count"], 2);
+    assert_eq!(r.body["rate"]["period"], "PT1M");
+    // Flat, as the admin UI's columns read them.
+    assert_eq!(
+        (
+            &r.body["limit"],
+            &r.body["period"],
+            &r.body["waiting"],
+            &r.body["active"]
+        ),
+        (&json!(5), &json!("1m"), &json!(2), &json!(1))
+    );
     let all = app.get("/ojs/v1/rate-limits").await;
     assert_eq!(ids_of_keys(&all.body), vec!["adm-limited"]);
+    assert_eq!(
+        (
+            &all.body["pagination"]["page"],
+            &all.body["pagination"]["per_page"]
+        ),
+        (&json!(1), &json!(50))
+    );
+    let past = app.get("/ojs/v1/rate-limits?page=2&per_page=25").await;
+    assert!(ids_of_keys(&past.body).is_empty(), "{}", past.body);
+    assert_eq!(past.body["pagination"]["total"], 1);
     app.get("/ojs/v1/rate-limits/adm-dl-a")
         .await
         .assert_error(404, "not_found");

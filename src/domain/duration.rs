@@ -148,6 +148,19 @@ fn to_duration(ms: f64) -> Option<Duration> {
     (ms.is_finite() && ms >= 0.0).then(|| Duration::from_micros((ms * 1000.0).round() as u64))
 }
 
+/// Formats in the largest whole unit, as operators write a period: `1s`, `10s`, `5m`,
+/// `1h`, `250ms`.
+pub fn format_short(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
 /// Formats as ISO 8601 (`PT1S`, `PT0.5S`, `PT5M`, `PT1H30M`, `P1DT1H`), the form OJS responses use.
 pub fn format_iso(d: Duration) -> String {
     use std::fmt::Write;
@@ -201,6 +214,25 @@ mod tests {
         assert_eq!(parse("PT1H30M"), ms(5_400_000));
         assert_eq!(parse("P1DT2H"), ms(93_600_000));
         assert_eq!(parse("P1W"), ms(604_800_000));
+    }
+
+    #[test]
+    fn ages_take_days_and_periods_read_in_their_largest_unit() {
+        assert_eq!(age("7d"), ms(604_800_000));
+        assert_eq!(age("12h"), ms(43_200_000));
+        assert_eq!(age("P1D"), ms(86_400_000));
+        assert_eq!(age("36501d"), None);
+        assert_eq!(age("xd"), None);
+        for (n, text) in [
+            (1000, "1s"),
+            (10_000, "10s"),
+            (300_000, "5m"),
+            (3_600_000, "1h"),
+            (250, "250ms"),
+        ] {
+            assert_eq!(format_short(Duration::from_millis(n)), text);
+            assert_eq!(parse(text), ms(n));
+        }
     }
 
     #[test]

@@ -2,23 +2,40 @@
 //! how much of them is in use. Limits are per queue here, so a partition's key is the
 //! queue's name; they are set by a job's `rate_limit` or `PUT /admin/queues/{name}/config`.
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::extract::{pagination, paging};
 use super::respond::respond;
 use super::state::SharedState;
+use crate::domain::duration;
 use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::state::JobState;
 use crate::store::LimitUsage;
 
-/// `GET /rate-limits`: every limited queue, as `GET /rate-limits/{key}` shows it.
-pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError> {
+/// Limited queues a page shows unless `per_page` or `limit` says otherwise, and at most.
+const DEFAULT_PER_PAGE: usize = 50;
+const MAX_PER_PAGE: usize = 1_000;
+
+/// `GET /rate-limits`: the limited queues, as `GET /rate-limits/{key}` shows each, a page
+/// at a time (by `page`/`per_page` or `limit`/`offset`).
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let (limit, offset) = paging(&params, DEFAULT_PER_PAGE, MAX_PER_PAGE)?;
+    let mut queues = state.store.queues().limited_queues();
+    queues.sort();
+    let total = queues.len();
     let mut items = Vec::new();
-    for queue in state.store.queues().limited_queues() {
+    for queue in queues.into_iter().skip(offset).take(limit) {
         if let Some(usage) = state.store.queues().limit_usage(&queue).await? {
             items.push(item(&state, &queue, usage).await?);
         }
@@ -29,7 +46,7 @@ pub async fn list(State(state): State<SharedState>) -> Result<Response, ApiError
     Ok(respond(
         StatusCode::OK,
         &json!({
-            "pagination": {"total": items.len(), "page": 1, "per_page": items.len()},
+            "pagination": pagination(total, limit, offset, items.len()),
             "items": items,
             "rate_limits": flat,
         }),
@@ -68,9 +85,11 @@ async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Val
         .queue_counts(queue)
         .await?
         .map_or(0, |c| c.states.of(JobState::Available));
-    let mut body = json!({"key": queue, "waiting_count": waiting});
+    // `waiting`, `limit` and `period` flat as well: the admin UI's columns.
+    let mut body = json!({"key": queue, "waiting_count": waiting, "waiting": waiting});
     if let Some(limit) = usage.limits.concurrency {
         let available = limit.saturating_sub(usage.active);
+        body["limit"] = json!(limit);
         body["concurrency"] = json!({
             "limit": limit,
             "active": usage.active,
@@ -81,8 +100,12 @@ async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Val
         body["available"] = json!(available);
     }
     if let Some(rate) = usage.limits.rate {
+        let window = Duration::from_millis(rate.window_ms);
+        body["limit"] = json!(rate.limit);
+        body["period"] = json!(duration::format_short(window));
         body["rate"] = json!({
             "limit": rate.limit,
+            "period": duration::format_iso(window),
             "window_ms": rate.window_ms,
             "current_count": usage.started,
             "window_resets_at": chrono::DateTime::from_timestamp_millis(usage.window_ends_ms)

@@ -982,3 +982,89 @@ async fn the_command_lines_bulk_filters_purges_and_metrics() {
     assert!(text.contains("# TYPE"), "{text}");
     app.stop().await;
 }
+
+/// The command line's `cron --update` and `cron --history`, and the admin UI's cron pages
+/// (`/crons`, each entry with `id`, `schedule` and `queue`, enabled switched by PATCH).
+#[tokio::test]
+async fn cron_entries_change_in_place_and_show_their_last_runs() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/cron",
+            json!({"name": "ui-tick", "expression": "@every 1s", "overlap_policy": "allow",
+                "job_template": {"type": "ui.tick", "args": [], "options": {"queue": "ui-cron"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let history = eventually(Duration::from_secs(8), "three runs", || async {
+        let r = app.get("/ojs/v1/cron/ui-tick/history?limit=2").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let runs = app.get("/ojs/v1/cron/ui-tick").await.body["run_count"].as_u64();
+        (runs >= Some(3)).then_some(r.body)
+    })
+    .await;
+    let executions = history["executions"].as_array().unwrap();
+    assert_eq!(executions.len(), 2, "{history}");
+    let newest = executions[0]["job_id"].as_str().unwrap();
+    assert_eq!(app.job(newest).await["type"], "ui.tick");
+    assert!(executions[0]["scheduled_at"].is_string(), "{history}");
+    assert!(executions[0]["state"].is_string(), "{history}");
+
+    // `cron --update`: a new schedule and type; the runs are kept.
+    let r = app
+        .patch(
+            "/ojs/v1/cron/ui-tick",
+            json!({"expression": "0 0 1 1 *", "job_template": {"type": "ui.yearly", "options": {"queue": "ui-cron"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["expression"], "0 0 1 1 *");
+    assert_eq!(r.body["job_template"]["type"], "ui.yearly");
+    assert!(r.body["run_count"].as_u64().unwrap() >= 3);
+    app.patch("/ojs/v1/cron/ui-tick", json!({"run_count": 0}))
+        .await
+        .assert_error(400, "invalid_request");
+    app.patch("/ojs/v1/cron/no-such", json!({"enabled": false}))
+        .await
+        .assert_error(404, "not_found");
+
+    // The admin UI's page: items with id, schedule and queue; its switch and delete.
+    let r = app.get("/ojs/v1/crons?page=1&per_page=25").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let item = &r.body["items"][0];
+    assert_eq!(
+        (
+            &item["id"],
+            &item["schedule"],
+            &item["queue"],
+            &item["enabled"]
+        ),
+        (
+            &json!("ui-tick"),
+            &json!("0 0 1 1 *"),
+            &json!("ui-cron"),
+            &json!(true)
+        )
+    );
+    assert_eq!(r.body["pagination"]["page"], 1);
+    let r = app
+        .patch("/ojs/v1/crons/ui-tick", json!({"enabled": false}))
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), &r.body["enabled"]),
+        (200, &json!(false)),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        app.get("/ojs/v1/crons/ui-tick").await.body["enabled"],
+        false
+    );
+    let r = app.delete("/ojs/v1/crons/ui-tick").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    app.get("/ojs/v1/cron/ui-tick")
+        .await
+        .assert_error(404, "not_found");
+    app.stop().await;
+}

@@ -248,7 +248,23 @@ pub struct CronEntry {
     /// The job the last tick enqueued; overlap is judged by its state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_job_id: Option<String>,
+    /// The jobs of the last `HISTORY` ticks, oldest first: the entry's run history.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_job_ids: Vec<String>,
 }
+
+/// Ticks an entry remembers the jobs of.
+pub const HISTORY: usize = 20;
+
+/// Fields a change of an entry (`PATCH`) may set; the rest are the server's.
+const PATCHABLE: [&str; 6] = [
+    "expression",
+    "timezone",
+    "overlap_policy",
+    "enabled",
+    "description",
+    "job_template",
+];
 
 impl CronEntry {
     /// Validates a registration (HTTP binding §13.2 / cron spec §8.1): the `expression` +
@@ -355,7 +371,65 @@ impl CronEntry {
             last_run_at: None,
             run_count: 0,
             last_job_id: None,
+            recent_job_ids: Vec::new(),
         })
+    }
+
+    /// A tick at `tick` enqueued job `id`.
+    pub fn ran(&mut self, id: &str, tick: DateTime<Utc>) {
+        self.last_job_id = Some(id.to_owned());
+        self.run_count += 1;
+        self.last_run_at = Some(tick);
+        self.recent_job_ids.push(id.to_owned());
+        let over = self.recent_job_ids.len().saturating_sub(HISTORY);
+        self.recent_job_ids.drain(..over);
+    }
+
+    /// The entry with `patch` applied (the `ojs` command line's `cron --update`, the admin
+    /// UI's enable switch): the fields it names replace the entry's, `job_template`'s
+    /// fields one by one; validated as a registration is.
+    ///
+    /// # Errors
+    /// 400 naming a field the patch may not set, or one the registration refuses.
+    pub fn patched(
+        &self,
+        patch: &Map<String, Value>,
+        now: DateTime<Utc>,
+    ) -> Result<CronEntry, OjsError> {
+        let Value::Object(mut body) = serde_json::to_value(self).expect("cron entries serialize")
+        else {
+            unreachable!("an entry serializes as an object")
+        };
+        body.retain(|k, _| k == "name" || PATCHABLE.contains(&k.as_str()));
+        for (key, value) in patch {
+            match (key.as_str(), value) {
+                ("name", Value::String(n)) if *n == self.name => {}
+                ("job_template", Value::Object(fields)) => {
+                    let template = body
+                        .entry("job_template")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(template) = template {
+                        for (k, v) in fields {
+                            template.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+                (key, value) if PATCHABLE.contains(&key) => {
+                    body.insert(key.to_owned(), value.clone());
+                }
+                (key, _) => {
+                    return Err(OjsError::invalid(
+                        key,
+                        format!(
+                            "{:?} cannot be changed; a change may set {}.",
+                            super::fields::truncated(key),
+                            PATCHABLE.join(", ")
+                        ),
+                    ))
+                }
+            }
+        }
+        CronEntry::parse(&body, now)
     }
 
     /// The entry's schedule. Stored entries were validated when registered.
@@ -656,6 +730,49 @@ mod tests {
                 field,
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_change_replaces_what_it_names_and_keeps_the_rest() {
+        let now = utc("2026-02-12T10:30:00Z");
+        let body: Map<String, Value> = serde_json::from_value(serde_json::json!({"name": "nightly", "expression": "@daily",
+            "timezone": "Europe/Paris", "job_template": {"type": "report.build", "args": [1], "options": {"queue": "reports"}}})).unwrap();
+        let mut e = CronEntry::parse(&body, now).unwrap();
+        for i in 0..HISTORY + 2 {
+            e.ran(&format!("job-{i}"), now);
+        }
+        assert_eq!(e.run_count, HISTORY as u64 + 2);
+        assert_eq!(e.recent_job_ids.len(), HISTORY);
+        assert_eq!(e.recent_job_ids[0], "job-2");
+        assert_eq!(
+            e.last_job_id.as_deref(),
+            Some(&*format!("job-{}", HISTORY + 1))
+        );
+        let patch = |v: Value| -> Map<String, Value> { serde_json::from_value(v).unwrap() };
+        let changed = e
+            .patched(&patch(serde_json::json!({"expression": "*/5 * * * *", "job_template": {"type": "report.fast"}})), now)
+            .unwrap();
+        assert_eq!(changed.expression, "*/5 * * * *");
+        assert_eq!(changed.timezone, "Europe/Paris");
+        assert_eq!(changed.job_template["type"], "report.fast");
+        assert_eq!(changed.job_template["args"], serde_json::json!([1]));
+        assert_eq!(changed.job_template["options"]["queue"], "reports");
+        let off = e
+            .patched(&patch(serde_json::json!({"enabled": false})), now)
+            .unwrap();
+        assert!(!off.enabled);
+        for (bad, field) in [
+            (serde_json::json!({"run_count": 0}), "run_count"),
+            (serde_json::json!({"name": "other"}), "name"),
+            (serde_json::json!({"expression": "nope"}), "expression"),
+            (
+                serde_json::json!({"job_template": {"type": 1}}),
+                "type",
+            ),
+        ] {
+            let err = e.patched(&patch(bad.clone()), now).unwrap_err();
+            assert_eq!(err.details["field"], field, "{bad}: {err:?}");
         }
     }
 

@@ -18,10 +18,11 @@ use super::error::ApiError;
 use super::extract::{pagination, paging, JsonObject};
 use super::respond::{respond, wrapped_and_bare};
 use super::state::SharedState;
-use crate::domain::cron::{is_entry_name, CronEntry};
+use crate::domain::cron::{is_entry_name, CronEntry, HISTORY};
 use crate::domain::envelope;
-use crate::domain::error::OjsError;
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::fields::truncated;
+use crate::domain::time;
 use crate::store::Enqueued;
 
 pub async fn register(
@@ -95,6 +96,7 @@ pub async fn list(
             "pagination": pagination(entries.len(), limit, offset, page.len()),
             "crons": page,
             "cron_jobs": page,
+            "items": page,
         }),
     ))
 }
@@ -130,6 +132,14 @@ fn describe(entry: &CronEntry) -> Value {
         }
     }
     answer["status"] = json!(if entry.enabled { "active" } else { "paused" });
+    // The admin UI's names: the entry's `id` is its name, `schedule` its expression.
+    answer["id"] = json!(entry.name);
+    answer["schedule"] = json!(entry.expression);
+    answer["queue"] = entry
+        .job_template
+        .pointer("/options/queue")
+        .cloned()
+        .unwrap_or_else(|| json!("default"));
     answer
 }
 
@@ -198,5 +208,56 @@ pub async fn trigger(
     Ok(respond(
         StatusCode::CREATED,
         &json!({ "job_id": job.id, "job": job }),
+    ))
+}
+
+/// `PATCH /ojs/v1/cron/{name}` (also `/crons/{name}`): changes the fields the body names
+/// (`CronEntry::patched`); the entry fires from its next occurrence after now, as a
+/// registration does, keeping its counts and history.
+pub async fn update(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let entry = state.store.cron().get(entry_name(&name)?).await?;
+    let changed = entry.patched(&body, Utc::now())?;
+    let (entry, _) = state.store.cron().register(changed).await?;
+    Ok(respond(StatusCode::OK, &answer(describe(&entry))))
+}
+
+/// `GET /ojs/v1/cron/{name}/history?limit=N` (the `ojs` command line's `cron --history`):
+/// the jobs of the entry's last ticks, newest first, each as it is now; a job pruned
+/// since is left out.
+pub async fn history(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let limit = super::extract::query_number(&params, "limit", 10, HISTORY)?.max(1);
+    let entry = state.store.cron().get(entry_name(&name)?).await?;
+    let jobs = state.store.jobs();
+    let reads = entry
+        .recent_job_ids
+        .iter()
+        .rev()
+        .take(limit)
+        .map(|id| jobs.info(id));
+    let mut executions = Vec::new();
+    for read in futures::future::join_all(reads).await {
+        match read {
+            Ok(job) => executions.push(json!({
+                "job_id": job.id,
+                "state": job.state,
+                "scheduled_at": job.meta.get("cron_triggered_at").cloned().or_else(|| job.enqueued_at.map(|t| json!(time::format(t)))),
+                "started_at": job.started_at.map(time::format),
+                "completed_at": job.finished_at().map(time::format),
+            })),
+            Err(err) if err.code == ErrorCode::NotFound => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(respond(
+        StatusCode::OK,
+        &json!({"name": entry.name, "executions": executions}),
     ))
 }

@@ -571,6 +571,48 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         .add(M::GET, "/ojs/v1/cron", Key, "Cron entries", cron::list)
         .add(
             M::GET,
+            "/ojs/v1/crons",
+            Key,
+            "Cron entries (alias, the admin UI's)",
+            cron::list,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/crons/{name}",
+            Key,
+            "A cron entry (alias)",
+            cron::get,
+        )
+        .add(
+            M::PATCH,
+            "/ojs/v1/crons/{name}",
+            Key,
+            "Change a cron entry (alias)",
+            cron::update,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/crons/{name}",
+            Key,
+            "Remove a cron entry (alias)",
+            cron::delete,
+        )
+        .add(
+            M::PATCH,
+            "/ojs/v1/cron/{name}",
+            Key,
+            "Change a cron entry's schedule, template or enabled",
+            cron::update,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/cron/{name}/history",
+            Key,
+            "The jobs of a cron entry's last runs",
+            cron::history,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/cron/{name}",
             Key,
             "A cron entry",

@@ -64,6 +64,7 @@ impl Cron {
                     next.run_count = old.run_count;
                     next.last_run_at = old.last_run_at;
                     next.last_job_id.clone_from(&old.last_job_id);
+                    next.recent_job_ids.clone_from(&old.recent_job_ids);
                 }
                 Some(next)
             },

@@ -192,9 +192,7 @@ impl Leader {
     ) -> Result<TickOutcome, OjsError> {
         let mut next = entry.clone();
         if let TickOutcome::Enqueued(id) = &outcome {
-            next.last_job_id = Some(id.clone());
-            next.run_count += 1;
-            next.last_run_at = Some(tick);
+            next.ran(id, tick);
         }
         next.next_run_at = entry.schedule()?.next_after(resume_from(tick, Utc::now()));
         match self.cron.write_cron(key, &next, revision).await? {

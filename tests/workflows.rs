@@ -475,3 +475,90 @@ async fn a_workflow_with_a_job_push_would_refuse_writes_nothing() {
     assert_eq!(workflows.info().await.unwrap().state.messages, 0);
     none_in(&app, "q").await;
 }
+
+/// The workflow list (the admin UI's page, the `ojs` command line's `workflow list`): the
+/// workflows changed last first, by state, a page at a time, nested ones inside their
+/// parent only; cancel also by `POST …/cancel`.
+#[tokio::test]
+async fn workflows_are_listed_most_recently_changed_first_by_state() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let chain = |name: &str| {
+        json!({"type": "chain", "name": name, "steps": [
+            {"type": "wl.a", "args": [], "options": {"queue": "wl"}},
+            {"type": "wl.b", "args": [], "options": {"queue": "wl"}}]})
+    };
+    let first = create(&app, chain("first")).await;
+    let second = create(&app, chain("second")).await;
+    let nested = create(
+        &app,
+        json!({"type": "group", "name": "outer", "jobs": [
+            {"type": "wl.c", "args": [], "options": {"queue": "wl-other"}},
+            {"type": "chain", "name": "inner", "steps": [{"type": "wl.d", "args": [], "options": {"queue": "wl-other"}}]}]}),
+    )
+    .await;
+    let r = app
+        .post(
+            &format!("/ojs/v1/workflows/{}/cancel", first["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["state"], "cancelled");
+
+    let names = |body: &Value| -> Vec<String> {
+        body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let r = app.get("/ojs/v1/workflows").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(names(&r.body), ["first", "outer", "second"], "{}", r.body);
+    assert_eq!(r.body["workflows"], r.body["items"]);
+    assert_eq!(r.body["total"], 3);
+    let item = &r.body["items"][2];
+    assert_eq!(
+        (
+            &item["id"],
+            &item["state"],
+            &item["step_count"],
+            &item["steps_total"],
+            &item["steps_completed"]
+        ),
+        (
+            &second["id"],
+            &json!("running"),
+            &json!(2),
+            &json!(2),
+            &json!(0)
+        )
+    );
+    assert!(
+        item.get("steps").is_none(),
+        "a listed workflow is a summary"
+    );
+    assert!(item["created_at"].is_string());
+    let r = app.get("/ojs/v1/workflows?state=cancelled").await;
+    assert_eq!(names(&r.body), ["first"]);
+    let r = app
+        .get("/ojs/v1/workflows?state=active&page=2&per_page=1")
+        .await;
+    assert_eq!(names(&r.body), ["second"], "{}", r.body);
+    assert_eq!(
+        (
+            &r.body["pagination"]["page"],
+            &r.body["pagination"]["total"]
+        ),
+        (&json!(2), &json!(2))
+    );
+    let r = app.get("/ojs/v1/workflows?limit=1").await;
+    assert_eq!(names(&r.body), ["first"]);
+    assert_eq!(nested["name"], "outer");
+    app.get("/ojs/v1/workflows?state=sleeping")
+        .await
+        .assert_error(400, "invalid_request");
+    app.stop().await;
+}

@@ -766,10 +766,7 @@ mod tests {
             (serde_json::json!({"run_count": 0}), "run_count"),
             (serde_json::json!({"name": "other"}), "name"),
             (serde_json::json!({"expression": "nope"}), "expression"),
-            (
-                serde_json::json!({"job_template": {"type": 1}}),
-                "type",
-            ),
+            (serde_json::json!({"job_template": {"type": 1}}), "type"),
         ] {
             let err = e.patched(&patch(bad.clone()), now).unwrap_err();
             assert_eq!(err.details["field"], field, "{bad}: {err:?}");

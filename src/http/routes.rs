@@ -655,6 +655,20 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/workflows",
+            Key,
+            "The workflows changed last",
+            workflows::list,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/workflows/{id}/cancel",
+            Key,
+            "Cancel a workflow (alias of DELETE)",
+            workflows::cancel,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/workflows/{id}",
             Key,
             "A workflow and its steps",

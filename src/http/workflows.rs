@@ -3,17 +3,21 @@
 //! (`steps_*`, `jobs_*`) and the spec's `metadata`, and the same fields again at the top
 //! level for the clients that read the workflow unwrapped (clients.md items 14 and 16).
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::extract::JsonObject;
+use super::extract::{pagination, paging, JsonObject};
 use super::respond::respond;
 use super::state::SharedState;
+use crate::domain::error::OjsError;
+use crate::domain::fields::truncated;
 use crate::domain::time;
-use crate::domain::workflow::{self, kind_name, Status};
+use crate::domain::workflow::{self, kind_name, Status, WorkflowRecord, WorkflowState};
 use crate::store::WorkflowView;
 
 pub async fn create(
@@ -62,6 +66,84 @@ fn answer(described: Map<String, Value>) -> Value {
     super::respond::wrapped_and_bare("workflow", Value::Object(described))
 }
 
+/// Workflows a page shows unless `per_page` or `limit` says otherwise, and at most.
+const DEFAULT_PER_PAGE: usize = 25;
+const MAX_PER_PAGE: usize = 100;
+
+/// `GET /ojs/v1/workflows?state&page&per_page` (the admin UI's list, the `ojs` command
+/// line's `workflow list`): the workflows changed last, most recent first, each without
+/// its steps; `state` is one of the workflow states, `active` (running) or `pending`
+/// (running, no step started yet).
+pub async fn list(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let (limit, offset) = paging(&params, DEFAULT_PER_PAGE, MAX_PER_PAGE)?;
+    let wanted: Option<fn(&WorkflowRecord) -> bool> = match params.get("state").map(String::as_str)
+    {
+        None | Some("") => None,
+        Some("running" | "active") => Some(|r| r.state == WorkflowState::Running),
+        Some("pending") => Some(|r| r.state == WorkflowState::Running && r.started_at.is_none()),
+        Some("completed") => Some(|r| r.state == WorkflowState::Completed),
+        Some("failed") => Some(|r| r.state == WorkflowState::Failed),
+        Some("cancelled") => Some(|r| r.state == WorkflowState::Cancelled),
+        Some(other) => {
+            return Err(OjsError::invalid(
+                "state",
+                format!(
+                    "state must be running, pending, completed, failed or cancelled, not {:?}.",
+                    truncated(other)
+                ),
+            )
+            .into())
+        }
+    };
+    let mut records = state.store.workflows().recent().await?;
+    if let Some(wanted) = wanted {
+        records.retain(wanted);
+    }
+    let page: Vec<Value> = records
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|r| Value::Object(summary(r)))
+        .collect();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "items": page,
+            "workflows": page,
+            "total": records.len(),
+            "pagination": pagination(records.len(), limit, offset, page.len()),
+        }),
+    ))
+}
+
+/// What a workflow shows without its plan: name, state, counts and times.
+fn summary(rec: &WorkflowRecord) -> Map<String, Value> {
+    let completed = rec.completed();
+    let failed = rec.failed();
+    let at = |t: Option<chrono::DateTime<chrono::Utc>>| json!(t.map(time::format));
+    let Value::Object(summary) = json!({
+        "id": rec.id,
+        "type": kind_name(rec.kind),
+        "name": rec.name,
+        "state": rec.state.as_str(),
+        "steps_total": rec.members(),
+        "steps_completed": completed,
+        "step_count": rec.members(),
+        "jobs_total": rec.members(),
+        "jobs_completed": completed,
+        "jobs_failed": failed,
+        "created_at": time::format(rec.created_at),
+        "started_at": at(rec.started_at),
+        "completed_at": at(rec.finished_at),
+    }) else {
+        unreachable!("built as an object")
+    };
+    summary
+}
+
 fn describe(view: &WorkflowView) -> Map<String, Value> {
     let (rec, plan) = (&view.record, &view.plan);
     let completed = rec.completed();
@@ -97,28 +179,15 @@ fn describe(view: &WorkflowView) -> Map<String, Value> {
             )
         })
         .collect();
-    let mut out = json!({
-        "id": rec.id,
-        "type": kind_name(rec.kind),
-        "name": rec.name,
-        "state": rec.state.as_str(),
-        "steps_total": rec.members(),
-        "steps_completed": completed,
-        "jobs_total": rec.members(),
-        "jobs_completed": completed,
-        "jobs_failed": failed,
-        "steps": steps,
-        "created_at": time::format(rec.created_at),
-        "started_at": at(rec.started_at),
-        "completed_at": at(rec.finished_at),
-        "metadata": {
+    let mut out = Value::Object(summary(rec));
+    out["steps"] = json!(steps);
+    out["metadata"] = json!({
             "created_at": time::format(rec.created_at),
             "started_at": at(rec.started_at),
             "completed_at": at(rec.finished_at),
             "job_count": rec.members(),
             "completed_count": completed,
             "failed_count": failed,
-        },
     });
     if !callbacks.is_empty() {
         out["callbacks"] = Value::Object(callbacks);

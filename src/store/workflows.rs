@@ -54,6 +54,9 @@ pub(super) enum Order {
     WriteFirst,
 }
 
+/// Workflows a listing shows at most.
+pub const LISTED: usize = 5_000;
+
 /// Member records read at once when a batch callback gathers its parents' results.
 const READS_AT_ONCE: usize = 256;
 
@@ -182,6 +185,41 @@ impl Workflows {
             .value
             .ok_or_else(missing)?;
         Ok(WorkflowView { record, plan })
+    }
+
+    /// The workflows changed last, most recent first, at most `LISTED` of them, nested
+    /// ones left out (they show within their parent): the records as the workflows
+    /// bucket's stream holds them, one message per workflow at its latest revision, read
+    /// in order from the last `2 × LISTED` messages (records and plans) through one
+    /// ephemeral consumer on the records' subjects.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn recent(&self) -> Result<Vec<WorkflowRecord>, OjsError> {
+        let stream = format!("KV_{}", self.conn.topology.workflows_bucket());
+        let last = self
+            .own
+            .kv
+            .stream
+            .get_info()
+            .await
+            .map_err(super::error::backend("reading the workflows bucket"))?
+            .state
+            .last_sequence;
+        let records = format!("$KV.{}.*", self.conn.topology.workflows_bucket());
+        let from = last.saturating_sub(2 * LISTED as u64) + 1;
+        let stored = self
+            .conn
+            .read_stream_from(&stream, Some(&records), from, 2 * LISTED)
+            .await?;
+        let listed: Vec<WorkflowRecord> = stored
+            .iter()
+            .rev()
+            .filter_map(|m| serde_json::from_slice::<WorkflowRecord>(&m.payload).ok())
+            .filter(|rec| rec.parent.is_none())
+            .take(LISTED)
+            .collect();
+        Ok(listed)
     }
 
     /// CANCEL of a workflow (workflows spec §11.3): the workflow timer first (it finishes a

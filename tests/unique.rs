@@ -235,3 +235,57 @@ async fn malformed_policies_are_refused_naming_the_field() {
         assert_eq!(r.body["error"]["details"]["field"], field);
     }
 }
+
+/// The admin UI's unique-jobs page: each lock held, newest first, with its job; a lock
+/// released when its job ends leaves the list.
+#[tokio::test]
+async fn the_locks_held_are_listed_with_their_jobs() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let r = app
+            .post(
+                "/ojs/v1/jobs",
+                unique_job("uq-list", json!([n]), json!({"keys": ["args"]})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(r.body["job"]["id"].as_str().unwrap().to_owned());
+    }
+    let r = app.get("/ojs/v1/unique-jobs?page=1&per_page=2").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let items = r.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{}", r.body);
+    assert_eq!(r.body["pagination"]["total"], 3);
+    assert_eq!(items[0]["job_id"], ids[2].as_str());
+    assert_eq!(
+        (&items[0]["queue"], &items[0]["state"], &items[0]["type"]),
+        (
+            &json!("uq-list"),
+            &json!("available"),
+            &json!("u.x")
+        )
+    );
+    assert_eq!(items[0]["key"].as_str().unwrap().len(), 64, "{}", r.body);
+    // A job runs and completes: the leader releases its lock.
+    let jobs = app.fetch(&["uq-list"], "w").await;
+    let done = jobs[0]["id"].as_str().unwrap().to_owned();
+    app.ack(json!({"job_id": done})).await;
+    common::eventually(
+        std::time::Duration::from_secs(5),
+        "the lock released",
+        || async {
+            let r = app.get("/ojs/v1/unique-jobs").await;
+            let held: Vec<&str> = r.body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["job_id"].as_str().unwrap())
+                .collect();
+            (held.len() == 2 && !held.contains(&done.as_str())).then_some(())
+        },
+    )
+    .await;
+    app.stop().await;
+}

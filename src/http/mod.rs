@@ -24,6 +24,7 @@ mod server;
 mod state;
 mod stream;
 mod system;
+mod unique_jobs;
 mod workers;
 mod workflows;
 

@@ -20,7 +20,7 @@ use super::respond::respond;
 use super::state::SharedState;
 use super::{
     admin, bulk, cron, dashboard, dead_letter, events, jobs, progress, queues, rate_limits,
-    schemas, stream, system, workers, workflows,
+    schemas, stream, system, unique_jobs, workers, workflows,
 };
 
 /// The whole HTTP API and the dashboard; `keys` guard the routes as their rows say.
@@ -645,6 +645,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             Key,
             "Enqueue one job of a cron entry now",
             cron::trigger,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/unique-jobs",
+            Admin,
+            "The uniqueness locks held and their jobs",
+            unique_jobs::list,
         )
         .add(
             M::POST,

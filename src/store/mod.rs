@@ -46,7 +46,7 @@ pub use jobs::enqueue::Enqueued;
 pub use jobs::listing::JobPage;
 pub use jobs::progress::Reported;
 pub use jobs::records::Settled;
-pub use jobs::unique::ended_lock;
+pub use jobs::unique::{ended_lock, HeldLock};
 pub use jobs::Jobs;
 pub use leader::counts::ClusterTotals;
 pub use leader::cron::TickOutcome;

@@ -14,6 +14,7 @@ use crate::domain::error::OjsError;
 /// A message as stored.
 pub(super) struct Stored {
     pub sequence: u64,
+    pub subject: String,
     /// When NATS stored it, Unix milliseconds.
     pub published_ms: i64,
     pub payload: bytes::Bytes,
@@ -77,6 +78,7 @@ impl Connection {
                 let info = message.info().map_err(backend(doing))?;
                 stored.push(Stored {
                     sequence: info.stream_sequence,
+                    subject: message.subject.to_string(),
                     published_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
                     payload: message.payload.clone(),
                 });

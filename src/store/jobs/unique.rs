@@ -43,7 +43,51 @@ pub(in crate::store) enum Locked {
     Existing(Box<Job>),
 }
 
+/// Locks a listing reads at most.
+pub const LOCKS_LISTED: usize = 5_000;
+
+/// A uniqueness lock as listed: its key (the hash the bucket keys it by) and its lock.
+#[derive(Debug, Clone)]
+pub struct HeldLock {
+    pub key: String,
+    pub lock: Lock,
+}
+
 impl Jobs {
+    /// The uniqueness locks taken last, most recent first, at most `LOCKS_LISTED`: the
+    /// unique bucket's stream read in order from its last `2 × LOCKS_LISTED` messages (a
+    /// released lock leaves a delete marker, skipped) through one ephemeral consumer.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn unique_locks(&self) -> Result<Vec<HeldLock>, OjsError> {
+        let bucket = self.conn.topology.unique_bucket();
+        let last = self
+            .own
+            .unique
+            .stream
+            .get_info()
+            .await
+            .map_err(crate::store::error::backend("reading the unique bucket"))?
+            .state
+            .last_sequence;
+        let from = last.saturating_sub(2 * LOCKS_LISTED as u64) + 1;
+        let stored = self
+            .conn
+            .read_stream_from(&format!("KV_{bucket}"), None, from, 2 * LOCKS_LISTED)
+            .await?;
+        Ok(stored
+            .iter()
+            .rev()
+            .filter_map(|m| {
+                let lock = serde_json::from_slice::<Lock>(&m.payload).ok()?;
+                let key = m.subject.rsplit('.').next()?.to_owned();
+                Some(HeldLock { key, lock })
+            })
+            .take(LOCKS_LISTED)
+            .collect())
+    }
+
     /// Takes the uniqueness lock of each job that has a `unique` policy, in order, before
     /// anything of the PUSH is written. A job whose key is held is refused with 409
     /// `duplicate` naming the holder (`reject`; also `ignore` in a batch), cancels the

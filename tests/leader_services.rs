@@ -431,3 +431,77 @@ async fn slot_sweeper_rounds_free_only_a_place_no_job_holds_once_past_the_grace(
     assert_eq!(claimed.len(), 1, "{claimed:?}");
     assert_eq!(claimed[0]["id"], second.as_str());
 }
+
+/// The statistics history: samples taken a minute apart (by the leader's service, here
+/// called for past minutes) become per-period points of jobs enqueued, completed and
+/// failed, overall and per queue.
+#[tokio::test]
+async fn stats_history_points_count_what_happened_between_samples() {
+    use chrono::{DurationRound, TimeDelta};
+    use ojs_jetstream::coordinator::StatsHistory;
+    let nats = NatsServer::start();
+    let config = test_config(&nats.url);
+    let app = spawn_app_with(config.clone()).await;
+    let store = Store::connect(&config).await.unwrap();
+    let mut history = StatsHistory::new(store.clone());
+    let t0 = Utc::now().duration_trunc(TimeDelta::minutes(1)).unwrap() - TimeDelta::minutes(5);
+    // A first job, counted, then the first sample.
+    let one = || json!({"type": "h.t", "args": [], "options": {"queue": "hist", "retry": {"max_attempts": 1}}});
+    let first = app.enqueue(one()).await;
+    let r = app.get("/ojs/v1/queues/hist/stats").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    history.run_once(t0).await.unwrap();
+    // Three more; two of the four complete, one is discarded.
+    let mut ids = vec![first];
+    for _ in 0..3 {
+        ids.push(app.enqueue(one()).await);
+    }
+    for n in 0..3 {
+        let jobs = app.fetch(&["hist"], "w").await;
+        let id = jobs[0]["id"].as_str().unwrap();
+        let r = if n < 2 {
+            app.ack(json!({"job_id": id})).await
+        } else {
+            app.nack(json!({"job_id": id, "error": {"code": "e", "message": "no"}}))
+                .await
+        };
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    app.get("/ojs/v1/queues/hist/stats").await;
+    history.run_once(t0 + TimeDelta::minutes(1)).await.unwrap();
+
+    let since = ojs_jetstream::domain::time::format(t0);
+    let until = ojs_jetstream::domain::time::format(t0 + TimeDelta::minutes(3));
+    for queue in ["", "&queue=hist"] {
+        let r = app
+            .get(&format!(
+                "/ojs/v1/admin/stats/history?period=1m&since={since}&until={until}{queue}"
+            ))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["period"], "1m");
+        let points = r.body["data"].as_array().unwrap();
+        assert_eq!(points.len(), 3, "{}", r.body);
+        assert_eq!(r.body["data_points"], r.body["data"]);
+        let p = &points[1];
+        assert_eq!(
+            p["timestamp"],
+            ojs_jetstream::domain::time::format(t0 + TimeDelta::minutes(1))
+        );
+        let (enqueued, completed, failed) = (&p["enqueued"], &p["processed"], &p["failed"]);
+        assert_eq!(
+            (enqueued, completed, failed),
+            (&json!(3), &json!(2), &json!(1)),
+            "{queue}: {}",
+            r.body
+        );
+        assert_eq!(p["completed"], p["processed"]);
+        assert_eq!(p["depth"], 1, "{}", r.body);
+        assert_eq!(points[2]["processed"], 0);
+        assert_eq!(points[2]["depth"], 1, "the last depth carries on");
+    }
+    app.get("/ojs/v1/admin/stats/history?period=7m")
+        .await
+        .assert_error(400, "invalid_request");
+    app.stop().await;
+}

@@ -261,11 +261,7 @@ async fn the_locks_held_are_listed_with_their_jobs() {
     assert_eq!(items[0]["job_id"], ids[2].as_str());
     assert_eq!(
         (&items[0]["queue"], &items[0]["state"], &items[0]["type"]),
-        (
-            &json!("uq-list"),
-            &json!("available"),
-            &json!("u.x")
-        )
+        (&json!("uq-list"), &json!("available"), &json!("u.x"))
     );
     assert_eq!(items[0]["key"].as_str().unwrap().len(), 64, "{}", r.body);
     // A job runs and completes: the leader releases its lock.

@@ -9,6 +9,7 @@ mod progress;
 mod pruner;
 mod queue_bounds;
 mod slot_sweeper;
+mod stats_history;
 mod timer_scheduler;
 mod unseen_writes;
 
@@ -30,6 +31,7 @@ pub use progress::{Pulse, Round, Stall, Stalls};
 pub use pruner::Pruner;
 pub use queue_bounds::QueueBounds;
 pub use slot_sweeper::SlotSweeper;
+pub use stats_history::StatsHistory;
 pub use timer_scheduler::TimerScheduler;
 
 /// The lease every replica competes for.
@@ -177,6 +179,9 @@ impl Coordinator {
         });
         l.spawn("slot_sweeper", |pulse| {
             SlotSweeper::new(store.clone()).run(token.clone(), pulse)
+        });
+        l.spawn("stats_history", |pulse| {
+            StatsHistory::new(store.clone()).run(token.clone(), pulse)
         });
         l.spawn("queue_bounds", |pulse| {
             QueueBounds::new(store.clone(), self.metrics.clone()).run(token.clone(), pulse)

@@ -29,6 +29,7 @@ pub mod schema;
 pub mod spans;
 pub mod state;
 pub mod stats;
+pub mod stats_history;
 pub mod time;
 pub mod totals;
 pub mod trail;

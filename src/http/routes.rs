@@ -297,6 +297,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/stats/history",
+            Admin,
+            "Jobs enqueued, completed and failed per period, and the depth",
+            admin::stats::history,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/admin/stats",
             Admin,
             "Aggregate statistics",

@@ -36,6 +36,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::domain::error::OjsError;
 use crate::domain::lanes::LaneLimits;
+use crate::domain::stats_history::Resolution;
 use connection::Connection;
 
 pub use cron::Cron;
@@ -151,6 +152,9 @@ impl Store {
         connection::ensure_stream(&conn.js, t.timers_stream_config()).await?;
         let dead_letter_stream =
             connection::ensure_stream(&conn.js, t.dead_letter_stream_config()).await?;
+        for resolution in [Resolution::Minutes, Resolution::Hours] {
+            connection::ensure_stream(&conn.js, t.stats_history_stream_config(resolution)).await?;
+        }
         let finished = leader::finished_index::FinishedIndex::ensure(&conn.js, t).await?;
         let registry = queues::registry::QueueRegistry::start(
             conn.client.clone(),
@@ -214,6 +218,7 @@ impl Store {
             events: events.clone(),
         };
         let stats = Stats {
+            conn: conn.clone(),
             own: Arc::new(stats::Owned {
                 kv: stats_kv,
                 jobs_stream: jobs_kv.stream.clone(),
@@ -410,6 +415,8 @@ impl Store {
             t.events_stream(),
             t.timers_stream(),
             t.dead_letter_stream(),
+            t.stats_history_stream(Resolution::Minutes),
+            t.stats_history_stream(Resolution::Hours),
         ];
         streams
             .extend(leader::finished_index::FINISHED_STATES.map(|state| t.finished_stream(state)));

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::cas::{self, Current, Replica};
+use super::connection::Connection;
 use super::dead_letter::entries::Entries;
 use super::error::backend;
 use super::queues::registry::QueueMeta;
@@ -24,10 +25,12 @@ use super::queues::Queues;
 use super::topology::encode_queue;
 use crate::domain::error::OjsError;
 use crate::domain::stats::QueueCounts;
+use crate::domain::stats_history::{Resolution, Sample};
 
 /// The statistics resource, as a caller holds it: the connection and what the resource owns.
 #[derive(Clone)]
 pub struct Stats {
+    pub(super) conn: Arc<Connection>,
     pub(super) own: Arc<Owned>,
     pub(super) queues: Queues,
     pub(super) dead_letter: Entries,
@@ -196,5 +199,78 @@ impl Stats {
             dead,
             computed_at: Utc::now(),
         })
+    }
+}
+
+/// Samples one history read takes at most: a day of minutes, a month of hours.
+const SAMPLES_READ: usize = 2_000;
+
+impl Stats {
+    /// Stores the samples of one sampling time, `(queue, sample)` each, with their
+    /// acknowledgements awaited together; a sample's message id names its queue and time,
+    /// so a repeat (two leaders, a retried round) is stored once.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn record_samples(
+        &self,
+        resolution: Resolution,
+        samples: &[(String, Sample)],
+    ) -> Result<(), OjsError> {
+        let t = &self.conn.topology;
+        let doing = "storing a statistics sample";
+        let mut acks = Vec::with_capacity(samples.len());
+        for (queue, sample) in samples {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{queue}@{}", sample.at.timestamp()).as_str(),
+            );
+            let payload = serde_json::to_vec(sample).expect("samples serialize");
+            acks.push(
+                self.conn
+                    .js
+                    .publish_with_headers(
+                        t.stats_history_subject(resolution, queue),
+                        headers,
+                        payload.into(),
+                    )
+                    .await
+                    .map_err(backend(doing))?,
+            );
+        }
+        for ack in
+            futures::future::join_all(acks.into_iter().map(std::future::IntoFuture::into_future))
+                .await
+        {
+            ack.map_err(backend(doing))?;
+        }
+        Ok(())
+    }
+
+    /// The samples of `queue` (or `ALL_QUEUES`) stored at or after `since`, oldest first.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn samples(
+        &self,
+        resolution: Resolution,
+        queue: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Sample>, OjsError> {
+        let t = &self.conn.topology;
+        let stored = self
+            .conn
+            .read_stream_since(
+                &t.stats_history_stream(resolution),
+                Some(&t.stats_history_subject(resolution, queue)),
+                since,
+                SAMPLES_READ,
+            )
+            .await?;
+        Ok(stored
+            .iter()
+            .filter_map(|m| serde_json::from_slice(&m.payload).ok())
+            .collect())
     }
 }

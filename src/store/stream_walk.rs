@@ -1,6 +1,7 @@
-//! Reading a stream's messages in order from a sequence, for the leader's sweeps of running
-//! places (`rate_limit.rs`) and depth tokens (`backpressure.rs`), and for the dead letter
-//! queue's pages (`dead_letter/mod.rs`).
+//! Reading a stream's messages in order from a sequence or a time, for the leader's sweeps
+//! of running places (`rate_limit.rs`) and depth tokens (`backpressure.rs`), the dead
+//! letter queue's pages (`dead_letter/mod.rs`), the workflow and unique-lock listings and
+//! the statistics history (`stats.rs`).
 
 use std::time::Duration;
 
@@ -34,16 +35,50 @@ impl Connection {
         from: u64,
         max: usize,
     ) -> Result<Vec<Stored>, OjsError> {
+        let deliver_policy = match from {
+            0 | 1 => DeliverPolicy::All,
+            start_sequence => DeliverPolicy::ByStartSequence { start_sequence },
+        };
+        self.read_stream(stream, subject, deliver_policy, max).await
+    }
+
+    /// As `read_stream_from`, from the first message stored at or after `since`.
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub(super) async fn read_stream_since(
+        &self,
+        stream: &str,
+        subject: Option<&str>,
+        since: chrono::DateTime<chrono::Utc>,
+        max: usize,
+    ) -> Result<Vec<Stored>, OjsError> {
+        let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(
+            i128::from(since.timestamp_millis()) * 1_000_000,
+        )
+        .map_err(|_| OjsError::invalid("since", "since is out of range."))?;
+        self.read_stream(
+            stream,
+            subject,
+            DeliverPolicy::ByStartTime { start_time },
+            max,
+        )
+        .await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &str,
+        subject: Option<&str>,
+        deliver_policy: DeliverPolicy,
+        max: usize,
+    ) -> Result<Vec<Stored>, OjsError> {
         let doing = "reading a stream in order";
         let stream = self
             .js
             .get_stream_no_info(stream)
             .await
             .map_err(backend(doing))?;
-        let deliver_policy = match from {
-            0 | 1 => DeliverPolicy::All,
-            start_sequence => DeliverPolicy::ByStartSequence { start_sequence },
-        };
         let mut consumer = stream
             .create_consumer(pull::Config {
                 deliver_policy,

@@ -8,6 +8,7 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, Storag
 
 use crate::domain::rate_limit::RateLimit;
 use crate::domain::state::JobState;
+use crate::domain::stats_history::Resolution;
 
 /// Name (and name prefix) of the event publisher's consumers on the jobs stream.
 const EVENT_PUBLISHER: &str = "event-publisher";
@@ -121,6 +122,39 @@ impl Topology {
             storage: self.storage,
             num_replicas: self.replicas,
             allow_direct: true,
+            ..Default::default()
+        }
+    }
+
+    /// The statistics history of one resolution (architecture §3.29): a sample of each
+    /// queue's running totals per minute or per hour, on `<ns>.stats.<resolution>.<queue>`.
+    pub fn stats_history_stream(&self, resolution: Resolution) -> String {
+        format!("{}-stats-{}", self.namespace, resolution.as_str())
+    }
+
+    pub fn stats_history_subject(&self, resolution: Resolution, queue: &str) -> String {
+        format!(
+            "{}.stats.{}.{}",
+            self.namespace,
+            resolution.as_str(),
+            encode_queue(queue)
+        )
+    }
+
+    pub fn stats_history_stream_config(&self, resolution: Resolution) -> stream::Config {
+        stream::Config {
+            name: self.stats_history_stream(resolution),
+            subjects: vec![format!(
+                "{}.stats.{}.*",
+                self.namespace,
+                resolution.as_str()
+            )],
+            retention: RetentionPolicy::Limits,
+            max_age: resolution.kept().to_std().unwrap_or_default(),
+            // Two leaders sampling one minute write one sample (its id names the minute).
+            duplicate_window: Duration::from_secs(120),
+            storage: self.storage,
+            num_replicas: self.replicas,
             ..Default::default()
         }
     }

@@ -1,13 +1,17 @@
 //! Aggregate statistics (admin spec §10.1): the queue counters summed, the workers counted;
-//! no job is read.
+//! no job is read. Their history (§10.2) from the leader's samples.
 
-use axum::extract::State;
+use std::collections::HashMap;
+
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::Utc;
 use serde_json::json;
 
 use crate::domain::state::JobState;
+use crate::domain::stats_history::{HistoryQuery, ALL_QUEUES};
+use crate::domain::time;
 use crate::http::error::ApiError;
 use crate::http::respond::respond;
 use crate::http::state::SharedState;
@@ -38,6 +42,39 @@ pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError>
             "unhandled_writes": totals.unhandled_writes,
             "timers_pending": totals.timers_pending,
             "uptime_seconds": state.started.elapsed().as_secs(),
+        }),
+    ))
+}
+
+/// `GET /admin/stats/history?period&since&until&queue` (admin spec §10.2; the admin UI's
+/// graph, the `ojs` command line's `stats --history`): per period, the jobs enqueued,
+/// completed (`processed`) and failed, and the depth, from the samples the leader takes
+/// each minute and hour (architecture §3.29). Answered under `data` and `data_points`.
+pub async fn history(
+    State(state): State<SharedState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let now = Utc::now();
+    let q = HistoryQuery::parse(&params, now)?;
+    let resolution = q.resolution(now);
+    // The samples from a little before the first period: its starting totals.
+    let from = q.since - q.step - resolution.lookback();
+    let samples = state
+        .store
+        .stats()
+        .samples(resolution, &q.queue, from)
+        .await?;
+    let points = q.points(&samples);
+    let queue = (q.queue != ALL_QUEUES).then_some(q.queue.as_str());
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "period": q.period,
+            "since": time::format(q.since),
+            "until": time::format(q.until),
+            "queue": queue,
+            "data": points,
+            "data_points": points,
         }),
     ))
 }

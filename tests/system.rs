@@ -466,3 +466,113 @@ async fn spans_a_collector_does_not_take_are_dropped_and_counted() {
     )
     .await;
 }
+
+/// Maintenance mode (admin spec §12.1): on every replica no FETCH gets a job, no scheduled
+/// job is promoted and no cron tick fires, while enqueues go on; switched off, or its time
+/// up, everything held back moves on.
+#[tokio::test]
+async fn maintenance_mode_holds_work_back_everywhere_and_lets_enqueues_in() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let waiting = a
+        .enqueue(json!({"type": "m.t", "args": [], "options": {"queue": "maint"}}))
+        .await;
+    let r = a
+        .post(
+            "/ojs/v1/cron",
+            json!({"name": "maint-tick", "expression": "@every 1s", "overlap_policy": "allow",
+                "job_template": {"type": "m.tick", "args": [], "options": {"queue": "maint-cron"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = a
+        .post(
+            "/ojs/v1/admin/system/maintenance",
+            json!({"enabled": true, "reason": "upgrade"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (&r.body["enabled"], &r.body["maintenance"]),
+        (&json!(true), &json!(true))
+    );
+    assert!(r.body["enabled_at"].is_string(), "{}", r.body);
+    // The other replica's view, by the command line's path.
+    eventually(
+        Duration::from_secs(5),
+        "the other replica in maintenance",
+        || async {
+            let r = b.get("/ojs/v1/admin/maintenance").await;
+            (r.body["enabled"] == true && r.body["reason"] == "upgrade").then_some(())
+        },
+    )
+    .await;
+    let runs = || async {
+        a.get("/ojs/v1/cron/maint-tick").await.body["run_count"]
+            .as_u64()
+            .unwrap()
+    };
+    let ticks = runs().await;
+    let later = b
+        .enqueue(json!({"type": "m.t", "args": [], "options": {"queue": "maint", "scheduled_at": "+PT1S"}}))
+        .await;
+    for app in [&a, &b] {
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["maint", "maint-cron"], "worker_id": "w", "wait_ms": 300}),
+            )
+            .await;
+        assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(a.job(&later).await["state"], "scheduled", "no promotion");
+    assert!(
+        runs().await <= ticks + 1,
+        "no tick (one may have been under way)"
+    );
+
+    let r = b
+        .post(
+            "/ojs/v1/admin/system/maintenance",
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(r.body["enabled"], false, "{}", r.body);
+    eventually(Duration::from_secs(5), "work handed out again", || async {
+        let jobs = a.fetch(&["maint"], "w").await;
+        jobs.iter()
+            .any(|j| j["id"] == waiting.as_str())
+            .then_some(())
+    })
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        "the scheduled job promoted",
+        || async { (a.job(&later).await["state"] == "available").then_some(()) },
+    )
+    .await;
+    eventually(Duration::from_secs(5), "ticks again", || async {
+        (runs().await > ticks + 1).then_some(())
+    })
+    .await;
+
+    // A maintenance with a duration ends by itself.
+    let r = a
+        .post(
+            "/ojs/v1/admin/maintenance",
+            json!({"enabled": true, "duration": "1s"}),
+        )
+        .await;
+    assert!(r.body["ends_at"].is_string(), "{}", r.body);
+    eventually(Duration::from_secs(5), "over by itself", || async {
+        (a.get("/ojs/v1/admin/system/maintenance").await.body["enabled"] == false).then_some(())
+    })
+    .await;
+    a.post("/ojs/v1/admin/maintenance", json!({"enabled": "yes"}))
+        .await
+        .assert_error(400, "invalid_request");
+    a.stop().await;
+    b.stop().await;
+}

@@ -40,6 +40,11 @@ impl CronScheduler {
     /// next tick, a second at most; 200 ms after a round that fired, for entries due again).
     pub async fn run_once(&self) -> Duration {
         let now = Utc::now();
+        // Maintenance mode (architecture §3.31): no tick fires; a tick due meanwhile fires
+        // once it ends.
+        if self.store.system().in_maintenance(now) {
+            return Duration::from_secs(1);
+        }
         let entries = self.store.cron().list();
         let due: Vec<_> = entries
             .iter()

@@ -1,5 +1,5 @@
 //! Leader service: samples every queue's running totals once a minute (and once an hour
-//! for the month-long history) into the statistics history streams (architecture §3.29),
+//! for the month-long history) into the statistics history streams (architecture §3.30),
 //! for `GET /admin/stats/history` and the dashboard's graphs.
 
 use std::collections::HashMap;

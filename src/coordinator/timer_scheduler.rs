@@ -21,7 +21,7 @@ use tracing::warn;
 use super::progress::{Pulse, Round};
 use crate::domain::error::OjsError;
 use crate::domain::horizon::{self, Placement};
-use crate::store::{Firing, PendingTimer, ReadAhead, Store, Timer, TimerFeed};
+use crate::store::{Firing, PendingTimer, ReadAhead, Store, Timer, TimerFeed, TimerKind};
 use crate::telemetry::metrics::Metrics;
 
 /// Timers fired (or handed back) at once; each is a few NATS round trips.
@@ -31,6 +31,9 @@ const CONCURRENCY: usize = 256;
 /// delete in the timers stream) come after its firings rather than among them. A leader that
 /// stops meanwhile leaves those timers to fire again as no-ops.
 const ACK_DELAY: Duration = Duration::from_secs(1);
+
+/// How soon a promotion held back by maintenance mode is looked at again.
+const MAINTENANCE_RECHECK_MS: i64 = 2_000;
 
 /// Records read ahead at once: fewer than firings, which come first.
 const READ_AHEAD_CONCURRENCY: usize = 64;
@@ -252,6 +255,12 @@ impl TimerScheduler {
                         continue;
                     }
                     let Some((timer, ahead)) = f.held.take(key) else { continue };
+                    // Maintenance mode: promotions wait, looked at again in 2 s
+                    // (architecture §3.31); deadlines and expiries go on.
+                    if timer.timer.kind == TimerKind::Promote && self.store.system().in_maintenance(Utc::now()) {
+                        f.held.hold(now + MAINTENANCE_RECHECK_MS, timer, now);
+                        continue;
+                    }
                     pulse.working();
                     let permit = f.permits.clone().acquire_owned().await.expect("semaphore open");
                     pulse.idle();

@@ -19,6 +19,7 @@ pub mod job;
 pub mod lanes;
 pub mod lifecycle;
 pub mod listing;
+pub mod maintenance;
 pub mod progress;
 pub mod queue_config;
 pub mod rate_limit;

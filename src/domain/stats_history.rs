@@ -1,7 +1,7 @@
 //! Statistics history (admin spec §10.2): what the leader samples each minute and each
 //! hour, and how a request's points are made from the samples. Pure:
 //! `coordinator/stats_history.rs` takes the samples, `store/stats.rs` keeps and reads them
-//! (architecture §3.29).
+//! (architecture §3.30).
 //!
 //! A sample holds a queue's *running totals* (jobs enqueued, completed and failed since the
 //! queue's counters began) and its depth, not the activity of its minute: a minute no

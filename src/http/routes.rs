@@ -311,6 +311,34 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/system/maintenance",
+            Admin,
+            "Maintenance mode as it stands",
+            admin::system::maintenance,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/system/maintenance",
+            Admin,
+            "Switch maintenance mode: no FETCH, promotion or cron tick",
+            admin::system::set_maintenance,
+        )
+        .add(
+            M::GET,
+            "/ojs/v1/admin/maintenance",
+            Admin,
+            "Maintenance mode as it stands (alias)",
+            admin::system::maintenance,
+        )
+        .add(
+            M::POST,
+            "/ojs/v1/admin/maintenance",
+            Admin,
+            "Switch maintenance mode: no FETCH, promotion or cron tick (alias)",
+            admin::system::set_maintenance,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/admin/system/config",
             Admin,
             "The settings in force, without secrets",

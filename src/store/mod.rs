@@ -21,6 +21,7 @@ mod queues;
 mod schemas;
 mod stats;
 mod stream_walk;
+mod system;
 mod timers;
 pub mod topology;
 mod workers;
@@ -62,6 +63,7 @@ pub use queues::registry::QueueMeta;
 pub use queues::Queues;
 pub use schemas::Schemas;
 pub use stats::{QueueStats, Stats};
+pub use system::System;
 pub use timers::{Timer, TimerKind, Timers};
 pub use topology::Topology;
 pub use workers::{BeatReply, WorkerRecord, WorkerState, Workers};
@@ -85,6 +87,7 @@ struct Inner {
     workflows: Workflows,
     cron: Cron,
     schemas: Schemas,
+    system: System,
     dead_letter: DeadLetter,
     workers: Workers,
     stats: Stats,
@@ -139,7 +142,14 @@ impl Store {
         // A mark outlives its batch's timer only when no leader ran for a day.
         let batches_kv = bucket(t.batches_bucket(), 1, Duration::from_secs(24 * 3600)).await?;
         let schemas_kv = bucket(t.schemas_bucket(), 1, Duration::ZERO).await?;
+        let system_kv = bucket(t.system_bucket(), 1, Duration::ZERO).await?;
         let cron_mirror = mirror::Mirror::start(&cron_kv, &conn.client, t.reset_subject()).await?;
+        let system = System {
+            own: Arc::new(system::Owned {
+                mirror: mirror::Mirror::start(&system_kv, &conn.client, t.reset_subject()).await?,
+                kv: system_kv,
+            }),
+        };
         let schemas_mirror =
             mirror::Mirror::start(&schemas_kv, &conn.client, t.reset_subject()).await?;
         let worker_list =
@@ -235,6 +245,7 @@ impl Store {
             dead_letter: entries.clone(),
             stats: stats.clone(),
             schemas: schemas.clone(),
+            system: system.clone(),
         };
         let dead_letter = DeadLetter {
             conn: conn.clone(),
@@ -283,6 +294,7 @@ impl Store {
                 workflows,
                 cron,
                 schemas,
+                system,
                 dead_letter,
                 workers,
                 stats,
@@ -318,6 +330,10 @@ impl Store {
 
     pub fn schemas(&self) -> &Schemas {
         &self.inner.schemas
+    }
+
+    pub fn system(&self) -> &System {
+        &self.inner.system
     }
 
     pub fn dead_letter(&self) -> &DeadLetter {
@@ -407,6 +423,7 @@ impl Store {
             format!("KV_{}", t.workers_bucket()),
             format!("KV_{}", t.cron_bucket()),
             format!("KV_{}", t.schemas_bucket()),
+            format!("KV_{}", t.system_bucket()),
             format!("KV_{}", t.workflows_bucket()),
             format!("KV_{}", t.stats_bucket()),
             format!("KV_{}", t.unique_bucket()),

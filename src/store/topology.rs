@@ -89,6 +89,11 @@ impl Topology {
     }
 
     /// Where leader services keep how far they got (the pruner's cursor).
+    /// Cluster-wide switches (maintenance mode, architecture §3.31).
+    pub fn system_bucket(&self) -> String {
+        format!("{}-system", self.namespace)
+    }
+
     pub fn coordinator_bucket(&self) -> String {
         format!("{}-coordinator", self.namespace)
     }
@@ -126,7 +131,7 @@ impl Topology {
         }
     }
 
-    /// The statistics history of one resolution (architecture §3.29): a sample of each
+    /// The statistics history of one resolution (architecture §3.30): a sample of each
     /// queue's running totals per minute or per hour, on `<ns>.stats.<resolution>.<queue>`.
     pub fn stats_history_stream(&self, resolution: Resolution) -> String {
         format!("{}-stats-{}", self.namespace, resolution.as_str())

@@ -49,7 +49,7 @@ pub async fn get(State(state): State<SharedState>) -> Result<Response, ApiError>
 /// `GET /admin/stats/history?period&since&until&queue` (admin spec §10.2; the admin UI's
 /// graph, the `ojs` command line's `stats --history`): per period, the jobs enqueued,
 /// completed (`processed`) and failed, and the depth, from the samples the leader takes
-/// each minute and hour (architecture §3.29). Answered under `data` and `data_points`.
+/// each minute and hour (architecture §3.30). Answered under `data` and `data_points`.
 pub async fn history(
     State(state): State<SharedState>,
     Query(params): Query<HashMap<String, String>>,

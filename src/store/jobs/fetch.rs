@@ -167,8 +167,12 @@ impl Jobs {
             let delivered = wait_for_delivery(&lanes, wait_until, stop).await;
             for (lane, msg) in delivered {
                 let (queue, priority, _) = &lanes[lane];
-                // Paused while this FETCH waited: the message goes back, first in line.
-                if got.jobs.len() < req.count && !self.queues.own.registry.is_paused(queue) {
+                // Paused (or maintenance began) while this FETCH waited: the message goes
+                // back, first in line.
+                if got.jobs.len() < req.count
+                    && !self.queues.own.registry.is_paused(queue)
+                    && !self.system.in_maintenance(Utc::now())
+                {
                     let limits = self.queues.own.registry.limits(queue);
                     let claim = self
                         .claim(&msg, queue, *priority, req, deadline, limits)
@@ -250,6 +254,10 @@ impl Jobs {
     ) -> (Vec<(String, i32, Puller)>, Option<Duration>) {
         let mut lanes = Vec::new();
         let mut recheck: Option<Duration> = None;
+        // Maintenance mode (architecture §3.31): no queue hands out work.
+        if self.system.in_maintenance(Utc::now()) {
+            return (lanes, recheck);
+        }
         for queue in req.order(rand::random::<f64>) {
             if Instant::now() >= deadline {
                 got.failure.get_or_insert_with(out_of_time);

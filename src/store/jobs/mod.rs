@@ -24,6 +24,7 @@ use crate::store::events::Events;
 use crate::store::queues::Queues;
 use crate::store::schemas::Schemas;
 use crate::store::stats::Stats;
+use crate::store::system::System;
 use crate::store::timers::Timers;
 
 /// Job records remembered for the next operation on them (`recent.rs`). A remembered record
@@ -44,6 +45,7 @@ pub struct Jobs {
     pub(super) dead_letter: Entries,
     pub(super) stats: Stats,
     pub(super) schemas: Schemas,
+    pub(super) system: System,
 }
 
 /// What the jobs resource owns.

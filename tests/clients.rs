@@ -1068,3 +1068,54 @@ async fn cron_entries_change_in_place_and_show_their_last_runs() {
         .assert_error(404, "not_found");
     app.stop().await;
 }
+
+/// The command line's `queues --create NAME [--concurrency N] [--max-size N]`: the queue is
+/// listed before any job is pushed to it, with its limit and bound.
+#[tokio::test]
+async fn the_command_lines_queue_create_registers_a_queue_with_its_settings() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let r = app
+        .post(
+            "/ojs/v1/queues",
+            json!({"name": "cli-new", "concurrency": 2, "max_size": 100}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let listed = app.get("/ojs/v1/queues").await;
+    let names: Vec<&str> = listed.body["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"cli-new"), "{}", listed.body);
+    let limits = app.get("/ojs/v1/rate-limits/cli-new").await;
+    assert_eq!(limits.body["concurrency"]["limit"], 2, "{}", limits.body);
+    let r = app
+        .post("/ojs/v1/queues", json!({"name": "cli-plain"}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = app
+        .post("/ojs/v1/queues", json!({"name": "cli-plain"}))
+        .await;
+    assert_eq!(
+        r.status, 200,
+        "an existing queue is left as it is: {}",
+        r.body
+    );
+    for (bad, field) in [
+        (json!({}), "name"),
+        (json!({"name": "Bad Name"}), "queue"),
+        (json!({"name": "cli-x", "colour": "red"}), "colour"),
+    ] {
+        let r = app.post("/ojs/v1/queues", bad.clone()).await;
+        r.assert_error(400, "invalid_request");
+        assert_eq!(
+            r.body["error"]["details"]["field"], field,
+            "{bad}: {}",
+            r.body
+        );
+    }
+    app.stop().await;
+}

@@ -388,6 +388,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::POST,
+            "/ojs/v1/queues",
+            Admin,
+            "Create a queue, with limits or a bound",
+            admin::queues::create,
+        )
+        .add(
+            M::POST,
             "/ojs/v1/queues/{name}/purge",
             Admin,
             "Purge a queue's finished jobs of some states",

@@ -90,6 +90,41 @@ pub async fn configure(
     get(State(state), Path(name)).await
 }
 
+/// `POST /ojs/v1/queues` with `{name, concurrency?, max_size?, …}` (the `ojs` command
+/// line's `queues --create`): registers the queue, then applies the settings as `PUT
+/// /admin/queues/{name}/config` does; 201 with the queue as `GET /admin/queues/{name}`
+/// shows it, 200 when it existed.
+pub async fn create(
+    State(state): State<SharedState>,
+    JsonObject(mut body): JsonObject,
+) -> Result<Response, ApiError> {
+    let name = fields::string(body.get("name"), "name")?
+        .ok_or_else(|| fields::missing("name", "the queue's name"))?
+        .to_owned();
+    validate_queue(&name)?;
+    body.remove("name");
+    let config = if body.values().any(|v| !v.is_null()) {
+        Some(queue_config::parse(&body, &name)?)
+    } else {
+        None
+    };
+    let existed = state.store.queues().list().iter().any(|q| q.name == name);
+    state.store.queues().register(&name).await?;
+    if let Some(config) = config {
+        if let Some(limits) = config.limits {
+            state.store.queues().configure_queue(&name, limits).await?;
+        }
+        if let Some(bound) = config.bound {
+            state.store.queues().configure_bound(&name, bound).await?;
+        }
+    }
+    let mut response = get(State(state), Path(name)).await?;
+    if !existed {
+        *response.status_mut() = StatusCode::CREATED;
+    }
+    Ok(response)
+}
+
 /// `DELETE /admin/queues/{name}/jobs` with `{states, older_than?, confirm: true}`: removes
 /// finished jobs only; waiting and running ones are cancelled first (bulk cancel).
 pub async fn purge_jobs(

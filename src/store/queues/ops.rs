@@ -14,6 +14,22 @@ impl Queues {
         self.own.registry.list()
     }
 
+    /// Registers `queue` before any job is pushed to it (the `ojs` command line's `queues
+    /// --create`): listed, with the lane of the default priority made. A queue that exists
+    /// is left as it is.
+    ///
+    /// # Errors
+    /// 400 past `max_queues`; `backend_error` when NATS fails.
+    pub async fn register(&self, queue: &str) -> Result<QueueMeta, OjsError> {
+        self.own.registry.admit_new(queue)?;
+        self.own.registry.ensure(queue, 0, Utc::now()).await?;
+        self.own
+            .registry
+            .lookup(queue)
+            .await?
+            .ok_or_else(|| OjsError::not_found("queue", queue))
+    }
+
     /// Pauses (`paused`) or resumes `queue`, registering a queue never seen, and publishes
     /// `queue.paused` / `queue.resumed`. Every replica stops (or starts again) handing out
     /// its jobs as soon as its copy of the registry has the entry (a KV watch,

@@ -14,11 +14,8 @@ use super::extract::{pagination, paging};
 use super::respond::respond;
 use super::state::SharedState;
 use crate::domain::error::ErrorCode;
+use crate::domain::listing::{DEFAULT_PER_PAGE, MAX_PER_PAGE};
 use crate::domain::time;
-
-/// Locks a page shows unless `per_page` or `limit` says otherwise, and at most.
-const DEFAULT_PER_PAGE: usize = 25;
-const MAX_PER_PAGE: usize = 100;
 
 /// `GET /ojs/v1/unique-jobs?page&per_page`: the locks taken last first, each with its
 /// job's type, queue and state (`null` for a job no longer stored; the leader releases

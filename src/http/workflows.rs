@@ -16,6 +16,7 @@ use super::respond::respond;
 use super::state::SharedState;
 use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
+use crate::domain::listing::{DEFAULT_PER_PAGE, MAX_PER_PAGE};
 use crate::domain::time;
 use crate::domain::workflow::{self, kind_name, Status, WorkflowRecord, WorkflowState};
 use crate::store::WorkflowView;
@@ -65,10 +66,6 @@ pub async fn cancel(
 fn answer(described: Map<String, Value>) -> Value {
     super::respond::wrapped_and_bare("workflow", Value::Object(described))
 }
-
-/// Workflows a page shows unless `per_page` or `limit` says otherwise, and at most.
-const DEFAULT_PER_PAGE: usize = 25;
-const MAX_PER_PAGE: usize = 100;
 
 /// `GET /ojs/v1/workflows?state&page&per_page` (the admin UI's list, the `ojs` command
 /// line's `workflow list`): the workflows changed last, most recent first, each without

@@ -14,7 +14,7 @@ use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
-use crate::domain::queue_config;
+use crate::domain::queue_config::{self, QueueConfig};
 use crate::domain::state::JobState;
 use crate::domain::stats::QueueCounts;
 use crate::domain::time::format;
@@ -81,13 +81,19 @@ pub async fn configure(
 ) -> Result<Response, ApiError> {
     validate_queue(&name)?;
     let config = queue_config::parse(&body, &name)?;
+    apply(&state, &name, config).await?;
+    get(State(state), Path(name)).await
+}
+
+/// A queue's limits, then its bound, each when the configuration names it.
+async fn apply(state: &SharedState, name: &str, config: QueueConfig) -> Result<(), OjsError> {
     if let Some(limits) = config.limits {
-        state.store.queues().configure_queue(&name, limits).await?;
+        state.store.queues().configure_queue(name, limits).await?;
     }
     if let Some(bound) = config.bound {
-        state.store.queues().configure_bound(&name, bound).await?;
+        state.store.queues().configure_bound(name, bound).await?;
     }
-    get(State(state), Path(name)).await
+    Ok(())
 }
 
 /// `POST /ojs/v1/queues` with `{name, concurrency?, max_size?, …}` (the `ojs` command
@@ -111,12 +117,7 @@ pub async fn create(
     let existed = state.store.queues().list().iter().any(|q| q.name == name);
     state.store.queues().register(&name).await?;
     if let Some(config) = config {
-        if let Some(limits) = config.limits {
-            state.store.queues().configure_queue(&name, limits).await?;
-        }
-        if let Some(bound) = config.bound {
-            state.store.queues().configure_bound(&name, bound).await?;
-        }
+        apply(&state, &name, config).await?;
     }
     let mut response = get(State(state), Path(name)).await?;
     if !existed {

@@ -15,8 +15,10 @@ use super::state::JobState;
 pub const DEFAULT_PER_PAGE: usize = 20;
 pub const MAX_PER_PAGE: usize = 100;
 
-/// Jobs a listing by page number skips at most: deeper pages take the cursor.
-pub const MAX_OFFSET: usize = 10_000;
+/// Jobs a listing by page number skips at most: deeper pages take the cursor. Skipping
+/// walks `MAX_OFFSET / MAX_PER_PAGE` pages of 100 at most, each examining at most
+/// `SCAN_LIMIT` sequences.
+pub const MAX_OFFSET: usize = 2_000;
 
 /// Stream sequences one listing examines at most, so entries of other queues or of jobs
 /// that moved on cannot make one request long.

@@ -16,7 +16,7 @@ use super::Jobs;
 use crate::domain::error::OjsError;
 use crate::domain::job::{Job, JobRecord};
 use crate::domain::listing::{
-    next_window, window, Cursor, ListQuery, Order, Source, MAX_PER_PAGE, SCAN_LIMIT,
+    next_window, window, Cursor, ListQuery, Order, Source, MAX_OFFSET, MAX_PER_PAGE, SCAN_LIMIT,
 };
 use crate::domain::state::JobState;
 use crate::store::cas::Replica;
@@ -83,11 +83,21 @@ impl Jobs {
         Ok(JobPage { jobs, next, total })
     }
 
-    /// The page `q.page` asks for: the jobs of the pages before it walked and skipped.
+    /// The page `q.page` asks for: the jobs of the pages before it walked and skipped, in
+    /// at most `MAX_OFFSET / MAX_PER_PAGE` walks (a filter matching few of the entries it
+    /// examines needs more: that page is refused, the cursor reaches it).
     async fn walk_to_page(&self, q: &ListQuery) -> Result<(Vec<Job>, Option<Cursor>), OjsError> {
         let mut skip = (q.page - 1) * q.per_page;
         let mut at = q.clone();
+        let mut walks = 0;
         while skip > 0 {
+            walks += 1;
+            if walks > MAX_OFFSET / MAX_PER_PAGE {
+                return Err(OjsError::invalid(
+                    "page",
+                    "This page lies too deep for a listing by page number with this filter; page with next_cursor.",
+                ));
+            }
             at.per_page = skip.min(MAX_PER_PAGE);
             let (skipped, next) = self.walk(&at).await?;
             skip -= skipped.len();

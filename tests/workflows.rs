@@ -556,6 +556,26 @@ async fn workflows_are_listed_most_recently_changed_first_by_state() {
     );
     let r = app.get("/ojs/v1/workflows?limit=1").await;
     assert_eq!(names(&r.body), ["first"]);
+    // The admin UI's progress of a workflow: its first step run, the second waiting.
+    let job = next(&app, "wl").await;
+    ack(&app, &job, json!(null)).await;
+    let id = second["id"].as_str().unwrap();
+    eventually(Duration::from_secs(5), "half of the chain done", || async {
+        let r = app.get(&format!("/ojs/v1/workflows/{id}/progress")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        (r.body["progress"] == 0.5).then_some(r.body)
+    })
+    .await;
+    let r = app.get(&format!("/ojs/v1/workflows/{id}/progress")).await;
+    assert_eq!(r.body["workflow_id"], id);
+    assert_eq!(
+        (
+            &r.body["steps"][0]["progress"],
+            &r.body["steps"][1]["progress"]
+        ),
+        (&json!(1.0), &json!(0.0))
+    );
+    assert!(r.body["updated_at"].is_string());
     assert_eq!(nested["name"], "outer");
     app.get("/ojs/v1/workflows?state=sleeping")
         .await

@@ -710,6 +710,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             workflows::list,
         )
         .add(
+            M::GET,
+            "/ojs/v1/workflows/{id}/progress",
+            Key,
+            "A workflow's share of steps finished, and each step's",
+            workflows::progress,
+        )
+        .add(
             M::POST,
             "/ojs/v1/workflows/{id}/cancel",
             Key,

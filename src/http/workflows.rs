@@ -62,6 +62,50 @@ pub async fn cancel(
     Ok(respond(StatusCode::OK, &answer(described)))
 }
 
+/// `GET /ojs/v1/workflows/{id}/progress` (the admin UI's workflow detail): the share of
+/// steps finished, and each step's (1 once it ended, 0 before), from the workflow's two
+/// reads; no member job is read.
+pub async fn progress(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let view = state.store.workflows().get(&id).await?;
+    let rec = &view.record;
+    let steps: Vec<Value> = (0..rec.members())
+        .map(|i| {
+            let status = rec.status_of(i);
+            let id = view
+                .plan
+                .step_ids
+                .get(i)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| rec.member_id(i));
+            let done = matches!(
+                status,
+                Status::Completed | Status::Failed | Status::Cancelled | Status::Skipped
+            );
+            json!({"id": id, "state": status.as_str(), "progress": if done { 1.0 } else { 0.0 }})
+        })
+        .collect();
+    let ended = steps.iter().filter(|s| s["progress"] == 1.0).count();
+    let progress = if steps.is_empty() {
+        1.0
+    } else {
+        ended as f64 / steps.len() as f64
+    };
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "workflow_id": rec.id,
+            "state": rec.state.as_str(),
+            "progress": progress,
+            "steps": steps,
+            "updated_at": time::format(rec.finished_at.or(rec.started_at).unwrap_or(rec.created_at)),
+        }),
+    ))
+}
+
 /// `{"workflow": w}` with `w`'s fields also at the top level.
 fn answer(described: Map<String, Value>) -> Value {
     super::respond::wrapped_and_bare("workflow", Value::Object(described))

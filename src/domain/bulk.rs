@@ -202,15 +202,7 @@ pub fn data_selection(
                 }
             }
             ("older_than", Value::String(v)) => {
-                let age = duration::age(v).ok_or_else(|| {
-                    OjsError::invalid(
-                        "older_than",
-                        format!("older_than must be a duration such as 7d, 12h or P1D, got {:?}.", fields::truncated(v)),
-                    )
-                })?;
-                selected.finished_before = TimeDelta::from_std(age)
-                    .ok()
-                    .and_then(|age| now.checked_sub_signed(age));
+                selected.finished_before = Some(finished_before(v, now)?);
             }
             ("priority" | "meta", _) => {
                 return Err(OjsError::new(
@@ -251,6 +243,26 @@ pub fn data_selection(
         .map(|state| ListQuery::of(q.queue.clone(), Some(state), q.job_type.clone()))
         .collect();
     Ok(DataSelection::Filter(selected))
+}
+
+/// The time before which `older_than`, an age (`7d`, `12h`, `P1D`; the `ojs` command
+/// line's form), selects finished jobs.
+///
+/// # Errors
+/// 400 naming `older_than` for text that is not an age of at most a century.
+pub fn finished_before(older_than: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, OjsError> {
+    duration::age(older_than)
+        .and_then(|age| TimeDelta::from_std(age).ok())
+        .and_then(|age| now.checked_sub_signed(age))
+        .ok_or_else(|| {
+            OjsError::invalid(
+                "older_than",
+                format!(
+                    "older_than must be a duration such as 7d, 12h or P1D, got {:?}.",
+                    fields::truncated(older_than)
+                ),
+            )
+        })
 }
 
 /// The answer to a bulk request: 200 when every job went through, 422 when none did, 207

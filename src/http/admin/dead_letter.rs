@@ -7,13 +7,12 @@ use std::collections::HashMap;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use chrono::{TimeDelta, Utc};
+use chrono::Utc;
 use serde_json::Value;
 
 use super::jobs::page_body;
 use super::{older_than, purge, run_on_listing};
-use crate::domain::bulk::{confirmed, BulkOp};
-use crate::domain::duration;
+use crate::domain::bulk::{confirmed, finished_before, BulkOp};
 use crate::domain::envelope::validate_queue;
 use crate::domain::error::OjsError;
 use crate::domain::fields;
@@ -67,23 +66,11 @@ pub async fn purge_by_age(
     if let Some(q) = &queue {
         validate_queue(q)?;
     }
-    let older_than = match params.get("older_than").filter(|a| !a.is_empty()) {
-        None => None,
-        Some(text) => {
-            let age = duration::age(text)
-                .and_then(|age| TimeDelta::from_std(age).ok())
-                .ok_or_else(|| {
-                    OjsError::invalid(
-                        "older_than",
-                        format!(
-                            "older_than must be a duration such as 7d, 12h or P1D, got {:?}.",
-                            fields::truncated(text)
-                        ),
-                    )
-                })?;
-            Some(Utc::now() - age)
-        }
-    };
+    let older_than = params
+        .get("older_than")
+        .filter(|a| !a.is_empty())
+        .map(|text| finished_before(text, Utc::now()))
+        .transpose()?;
     let q = ListQuery {
         dead_letter_only: true,
         ..ListQuery::of(queue, None, None)

@@ -557,3 +557,149 @@ async fn a_running_place_left_by_a_dead_claim_is_freed_by_the_leader() {
         taken.elapsed()
     );
 }
+
+/// An operator's override (rate-limiting spec §10.2) rules every replica at once: a zero
+/// holds a concurrency-limited queue back until it expires, then the queue's own limit
+/// applies and the leader clears the override; a higher one lets more run until removed.
+/// The command line's and the admin UI's forms are read too.
+#[tokio::test]
+async fn an_override_holds_a_queue_everywhere_until_it_expires_or_is_removed() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let jobs: Vec<Value> = (0..6)
+        .map(|_| job("ovr", json!({"rate_limit": {"concurrency": 2}})))
+        .collect();
+    let r = a.post("/ojs/v1/jobs/batch", json!({"jobs": jobs})).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let fetch =
+        |count: usize| json!({"queues": ["ovr"], "worker_id": "w", "count": count, "wait_ms": 300});
+
+    // A zero for 3 s, set through one gateway: no FETCH through the other hands out work.
+    let ends = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let r = a
+        .put(
+            "/ojs/v1/rate-limits/ovr",
+            json!({"concurrency": 0, "expires_at": ends.to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["override"]["concurrency"], 0, "{}", r.body);
+    assert_eq!(r.body["concurrency"]["limit"], 0, "{}", r.body);
+    eventually(Duration::from_secs(2), "the override seen by b", || async {
+        let r = b.get("/ojs/v1/rate-limits/ovr").await;
+        r.body.get("override").map(drop)
+    })
+    .await;
+    let r = b.post("/ojs/v1/workers/fetch", fetch(5)).await;
+    assert_eq!(r.body["jobs"], json!([]), "held: {}", r.body);
+
+    // Expired: the queue's own 2, and the leader clears the override.
+    let taken = eventually(Duration::from_secs(6), "jobs after the expiry", || async {
+        let r = b.post("/ojs/v1/workers/fetch", fetch(5)).await;
+        let jobs = r.body["jobs"].as_array().cloned().unwrap_or_default();
+        (!jobs.is_empty()).then_some(jobs)
+    })
+    .await;
+    assert!(
+        chrono::Utc::now() >= ends,
+        "not before expires_at: {taken:?}"
+    );
+    let mut running: Vec<Value> = taken;
+    let r = a.post("/ojs/v1/workers/fetch", fetch(5)).await;
+    running.extend(r.body["jobs"].as_array().unwrap().iter().cloned());
+    assert_eq!(running.len(), 2, "the queue's own limit: {running:?}");
+    eventually(
+        Duration::from_secs(3),
+        "the expired override cleared",
+        || async {
+            let r = a.get("/ojs/v1/rate-limits/ovr").await;
+            r.body.get("override").is_none().then_some(())
+        },
+    )
+    .await;
+
+    // A higher one, in the command line's form: two more run beside the two.
+    let r = b
+        .put(
+            "/ojs/v1/rate-limits/ovr/override",
+            json!({"concurrency": 4}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["concurrency"]["limit"], 4, "{}", r.body);
+    let more = eventually(Duration::from_secs(2), "two more running", || async {
+        let r = a.post("/ojs/v1/workers/fetch", fetch(5)).await;
+        let jobs = r.body["jobs"].as_array().cloned().unwrap_or_default();
+        (!jobs.is_empty()).then_some(jobs)
+    })
+    .await;
+    running.extend(more);
+    let r = a.post("/ojs/v1/workers/fetch", fetch(5)).await;
+    running.extend(r.body["jobs"].as_array().unwrap().iter().cloned());
+    assert_eq!(running.len(), 4, "the override's limit: {running:?}");
+    eventually(Duration::from_secs(2), "the override seen by a", || async {
+        let r = a.get("/ojs/v1/rate-limits/ovr").await;
+        r.body.get("override").map(drop)
+    })
+    .await;
+
+    // Removed: the queue's own limit again; nothing starts until the running end.
+    let r = a.delete("/ojs/v1/rate-limits/ovr/override").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["removed"], true, "{}", r.body);
+    assert!(r.body.get("override").is_none(), "{}", r.body);
+    assert_eq!(r.body["concurrency"]["limit"], 2, "{}", r.body);
+    let r = a.delete("/ojs/v1/rate-limits/ovr/override").await;
+    assert_eq!(r.body["removed"], false, "once: {}", r.body);
+    eventually(Duration::from_secs(2), "the removal seen by b", || async {
+        let r = b.get("/ojs/v1/rate-limits/ovr").await;
+        r.body.get("override").is_none().then_some(())
+    })
+    .await;
+    let r = b.post("/ojs/v1/workers/fetch", fetch(5)).await;
+    assert_eq!(
+        r.body["jobs"],
+        json!([]),
+        "four run, two allowed: {}",
+        r.body
+    );
+    for job in &running {
+        let r = a.ack(json!({"job_id": job["id"]})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let r = b.post("/ojs/v1/workers/fetch", fetch(5)).await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 2, "{}", r.body);
+
+    // The admin UI's form: a rate, shown flat for its badge.
+    let r = a
+        .put(
+            "/ojs/v1/rate-limits/ovr",
+            json!({"limit": 100, "period": "1m"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["override"]["limit"], 100, "{}", r.body);
+    assert_eq!(r.body["override"]["period"], "1m", "{}", r.body);
+    assert_eq!(r.body["rate"]["period"], "PT1M", "{}", r.body);
+    assert_eq!(
+        r.body["concurrency"]["limit"], 2,
+        "its own concurrency stays: {}",
+        r.body
+    );
+
+    // Bad input and unknown queues.
+    let r = a
+        .put("/ojs/v1/rate-limits/ovr", json!({"concurrency": -1}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(
+        r.body["error"]["details"]["field"], "concurrency",
+        "{}",
+        r.body
+    );
+    let r = a
+        .put("/ojs/v1/rate-limits/never-seen", json!({"concurrency": 1}))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+}

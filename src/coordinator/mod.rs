@@ -5,6 +5,7 @@
 mod cron;
 mod deadline_watch;
 mod event_publisher;
+mod limit_overrides;
 mod progress;
 mod pruner;
 mod queue_bounds;
@@ -27,6 +28,7 @@ use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
+pub use limit_overrides::LimitOverrides;
 pub use progress::{Pulse, Round, Stall, Stalls};
 pub use pruner::Pruner;
 pub use queue_bounds::QueueBounds;
@@ -179,6 +181,9 @@ impl Coordinator {
         });
         l.spawn("slot_sweeper", |pulse| {
             SlotSweeper::new(store.clone()).run(token.clone(), pulse)
+        });
+        l.spawn("limit_overrides", |pulse| {
+            LimitOverrides::new(store.clone()).run(token.clone(), pulse)
         });
         l.spawn("stats_history", |pulse| {
             StatsHistory::new(store.clone()).run(token.clone(), pulse)

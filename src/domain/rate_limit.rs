@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -14,6 +15,7 @@ use super::duration;
 use super::error::{ErrorCode, OjsError};
 use super::job::JobRecord;
 use super::state::JobState;
+use super::time;
 
 /// Most starts one window may allow (a window's starts are messages NATS keeps).
 pub const MAX_LIMIT: u64 = 100_000;
@@ -152,6 +154,123 @@ impl Limits {
     pub fn any(&self) -> bool {
         self.rate.is_some() || self.concurrency.is_some()
     }
+
+    /// Whether no job may start at all: an override's zero (a queue's own limits are
+    /// never zero).
+    pub fn hold(&self) -> bool {
+        self.concurrency == Some(0) || self.rate.is_some_and(|r| r.limit == 0)
+    }
+}
+
+/// Fields `PUT /rate-limits/{key}` takes.
+const OVERRIDE_FIELDS: [&str; 5] = ["concurrency", "rate", "limit", "period", "expires_at"];
+
+/// An operator's limits for a queue in force instead of its own (rate-limiting spec
+/// §10.2) until `expires_at`, or until removed: incident response. A zero holds the
+/// queue's jobs back (none starts while it is in force), as when the API they call is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateLimit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u64>,
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was set: which override a removal or its expiry ends.
+    #[serde(with = "time::millis")]
+    pub set_at: DateTime<Utc>,
+}
+
+impl LimitOverride {
+    /// Reads `PUT /rate-limits/{key}` in the spec's form (`{"concurrency": N, "rate":
+    /// {"limit", "period"}, "expires_at"}`), the admin UI's (`{"limit", "period",
+    /// "expires_at"}`) and the `ojs` command line's (`{"concurrency": N}`). Zero is allowed,
+    /// `expires_at` must lie ahead.
+    ///
+    /// # Errors
+    /// 400 naming the field.
+    pub fn parse(o: &Map<String, Value>, now: DateTime<Utc>) -> Result<LimitOverride, OjsError> {
+        if let Some(other) = o.keys().find(|k| !OVERRIDE_FIELDS.contains(&k.as_str())) {
+            return Err(OjsError::invalid(
+                other,
+                format!(
+                    "{other} is not part of a rate-limit override: give concurrency, rate \
+                     ({{limit, period}}) or limit and period, and optionally expires_at."
+                ),
+            ));
+        }
+        let given = |field: &str| o.get(field).filter(|v| !v.is_null());
+        let concurrency = given("concurrency")
+            .map(|v| whole(v, "concurrency", 0, MAX_CONCURRENCY))
+            .transpose()?;
+        let rate = match (given("rate"), given("limit").or(given("period"))) {
+            (Some(_), Some(_)) => {
+                return Err(OjsError::invalid(
+                    "rate",
+                    "Give the rate as rate: {limit, period} or as limit and period, not both.",
+                ))
+            }
+            (Some(Value::Object(r)), None) => Some(limit_per_period(r, "rate", 0)?),
+            (Some(_), None) => {
+                return Err(OjsError::invalid(
+                    "rate",
+                    "rate must be an object with limit and period.",
+                ))
+            }
+            (None, Some(_)) => Some(limit_per_period(o, "", 0)?),
+            (None, None) => None,
+        };
+        if rate.is_some_and(|r| r.window() < MIN_WINDOW) {
+            return Err(OjsError::invalid(
+                "period",
+                format!("A rate's period is at least {} ms.", MIN_WINDOW.as_millis()),
+            ));
+        }
+        if rate.is_none() && concurrency.is_none() {
+            return Err(OjsError::invalid(
+                "concurrency",
+                "A rate-limit override names concurrency, a rate, or both.",
+            ));
+        }
+        let expires_at = match given("expires_at") {
+            None => None,
+            Some(v) => Some(
+                v.as_str()
+                    .and_then(time::parse)
+                    .filter(|t| *t > now)
+                    .ok_or_else(|| {
+                        OjsError::invalid(
+                            "expires_at",
+                            format!("expires_at must be an RFC 3339 time after now, got {v}."),
+                        )
+                    })?,
+            ),
+        };
+        Ok(LimitOverride {
+            rate,
+            concurrency,
+            expires_at,
+            set_at: now,
+        })
+    }
+
+    /// Whether it is in force at `now`.
+    pub fn in_force(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_none_or(|end| now < end)
+    }
+
+    /// The limits in force over a queue's `own`: what the override names, the rest as they
+    /// are.
+    pub fn over(&self, own: Limits) -> Limits {
+        Limits {
+            rate: self.rate.or(own.rate),
+            concurrency: self.concurrency.or(own.concurrency),
+        }
+    }
 }
 
 impl RateLimit {
@@ -193,15 +312,20 @@ pub fn holds_slot(rec: &JobRecord, dispatch: u64, sequence: u64) -> bool {
         && rec.holder.as_ref().and_then(|h| h.slot) == Some(sequence)
 }
 
-fn count(v: &Value, field: &str) -> Result<u64, OjsError> {
+/// A whole number from `min` to `max` under `field`.
+fn whole(v: &Value, field: &str, min: u64, max: u64) -> Result<u64, OjsError> {
     v.as_u64()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .filter(|n| (min..=max).contains(n))
         .ok_or_else(|| {
             OjsError::invalid(
                 field,
-                format!("{field} must be an integer from 1 to {MAX_LIMIT}, got {v}."),
+                format!("{field} must be an integer from {min} to {max}, got {v}."),
             )
         })
+}
+
+fn count(v: &Value, field: &str) -> Result<u64, OjsError> {
+    whole(v, field, 1, MAX_LIMIT)
 }
 
 /// `{"limit": N, "period": "<ISO duration>"}` under `field`.
@@ -213,19 +337,35 @@ fn window(o: &Map<String, Value>, field: &str) -> Result<RateLimit, OjsError> {
             format!("{path} must be an object with limit and period."),
         ));
     };
-    let limit = count(
-        w.get("limit").unwrap_or(&Value::Null),
-        &format!("{path}.limit"),
+    limit_per_period(w, &path, 1)
+}
+
+/// `limit` (from `min`) starts per `period` (ISO 8601 or Go-style, at most a day), the
+/// fields of `o`, reported under `path` (none: at the top level).
+fn limit_per_period(o: &Map<String, Value>, path: &str, min: u64) -> Result<RateLimit, OjsError> {
+    let name = |field: &str| {
+        if path.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{path}.{field}")
+        }
+    };
+    let limit = whole(
+        o.get("limit").unwrap_or(&Value::Null),
+        &name("limit"),
+        min,
+        MAX_LIMIT,
     )?;
-    let period = w
+    let period = o
         .get("period")
         .and_then(Value::as_str)
         .and_then(duration::parse)
         .filter(|d| *d <= MAX_WINDOW && !d.is_zero())
         .ok_or_else(|| {
+            let field = name("period");
             OjsError::invalid(
-                &format!("{path}.period"),
-                format!("{path}.period must be an ISO 8601 duration from 1 ms to 1 day."),
+                &field,
+                format!("{field} must be an ISO 8601 duration from 1 ms to 1 day."),
             )
         })?;
     Ok(RateLimit {
@@ -369,5 +509,115 @@ mod tests {
                 "{unsupported}"
             );
         }
+    }
+
+    fn read_override(v: &Value, now: DateTime<Utc>) -> Result<LimitOverride, OjsError> {
+        LimitOverride::parse(v.as_object().expect("an object"), now)
+    }
+
+    #[test]
+    fn an_override_takes_the_specs_the_admin_uis_and_the_command_lines_forms() {
+        let now = crate::domain::fixtures::now();
+        let later = time::format(now + chrono::Duration::hours(1));
+        let spec = read_override(
+            &json!({"concurrency": 0, "rate": {"limit": 5, "period": "PT1M"}, "expires_at": later}),
+            now,
+        )
+        .unwrap();
+        assert_eq!(spec.concurrency, Some(0));
+        assert_eq!(
+            spec.rate,
+            Some(RateLimit {
+                limit: 5,
+                window_ms: 60_000
+            })
+        );
+        assert_eq!(spec.expires_at.map(time::format), Some(later));
+        assert_eq!(spec.set_at, now);
+        let ui = read_override(&json!({"limit": 100, "period": "1m"}), now).unwrap();
+        assert_eq!(
+            (ui.rate, ui.concurrency, ui.expires_at),
+            (
+                Some(RateLimit {
+                    limit: 100,
+                    window_ms: 60_000
+                }),
+                None,
+                None
+            )
+        );
+        let cli = read_override(&json!({"concurrency": 20}), now).unwrap();
+        assert_eq!((cli.rate, cli.concurrency), (None, Some(20)));
+        for (bad, field) in [
+            (json!({}), "concurrency"),
+            (json!({"concurrency": -1}), "concurrency"),
+            (json!({"concurrency": 10_001}), "concurrency"),
+            (json!({"limit": 5}), "period"),
+            (json!({"limit": 5, "period": "PT0.001S"}), "period"),
+            (json!({"rate": {"limit": 5}}), "rate.period"),
+            (json!({"rate": 5}), "rate"),
+            (
+                json!({"rate": {"limit": 1, "period": "PT1S"}, "limit": 2}),
+                "rate",
+            ),
+            (
+                json!({"concurrency": 1, "expires_at": "2020-01-01T00:00:00Z"}),
+                "expires_at",
+            ),
+            (
+                json!({"concurrency": 1, "expires_at": "soon"}),
+                "expires_at",
+            ),
+            (json!({"concurrency": 1, "key": "other"}), "key"),
+        ] {
+            let err = read_override(&bad, now).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{bad}");
+            assert_eq!(err.details["field"], field, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_override_rules_what_it_names_until_it_expires_and_a_zero_holds_all() {
+        let now = crate::domain::fixtures::now();
+        let own = Limits {
+            rate: Some(RateLimit {
+                limit: 10,
+                window_ms: 1000,
+            }),
+            concurrency: Some(5),
+        };
+        let lower = LimitOverride {
+            rate: None,
+            concurrency: Some(2),
+            expires_at: Some(now + chrono::Duration::seconds(1)),
+            set_at: now,
+        };
+        assert_eq!(
+            lower.over(own),
+            Limits {
+                concurrency: Some(2),
+                ..own
+            }
+        );
+        assert!(lower.in_force(now));
+        assert!(!lower.in_force(now + chrono::Duration::seconds(1)));
+        assert!(!lower.over(own).hold());
+        let zero = LimitOverride {
+            concurrency: Some(0),
+            expires_at: None,
+            ..lower
+        };
+        assert!(zero.in_force(now + chrono::Duration::days(999)));
+        assert!(zero.over(own).hold());
+        let no_starts = LimitOverride {
+            rate: Some(RateLimit {
+                limit: 0,
+                window_ms: 1000,
+            }),
+            concurrency: None,
+            ..zero
+        };
+        assert!(no_starts.over(Limits::default()).hold());
+        assert!(!own.hold());
     }
 }

@@ -527,6 +527,27 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             rate_limits::get,
         )
         .add(
+            M::PUT,
+            "/ojs/v1/rate-limits/{key}",
+            Admin,
+            "Override a queue's limits for a while",
+            rate_limits::set_override,
+        )
+        .add(
+            M::PUT,
+            "/ojs/v1/rate-limits/{key}/override",
+            Admin,
+            "Override a queue's limits (the command line's path)",
+            rate_limits::set_override,
+        )
+        .add(
+            M::DELETE,
+            "/ojs/v1/rate-limits/{key}/override",
+            Admin,
+            "Remove an override: the queue's own limits apply",
+            rate_limits::remove_override,
+        )
+        .add(
             M::GET,
             "/ojs/v1/admin/workers",
             Admin,

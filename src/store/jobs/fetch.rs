@@ -169,11 +169,12 @@ impl Jobs {
                 let (queue, priority, _) = &lanes[lane];
                 // Paused (or maintenance began) while this FETCH waited: the message goes
                 // back, first in line.
+                let now = Utc::now();
                 if got.jobs.len() < req.count
-                    && !self.queues.own.registry.is_paused(queue)
-                    && !self.system.in_maintenance(Utc::now())
+                    && !self.queues.own.registry.is_held(queue, now)
+                    && !self.system.in_maintenance(now)
                 {
-                    let limits = self.queues.own.registry.limits(queue);
+                    let limits = self.queues.own.registry.limits(queue, now);
                     let claim = self
                         .claim(&msg, queue, *priority, req, deadline, limits)
                         .await;
@@ -263,8 +264,9 @@ impl Jobs {
                 got.failure.get_or_insert_with(out_of_time);
                 return (lanes, recheck);
             }
+            let now = Utc::now();
             let meta = match self.queues.own.registry.lookup(queue).await {
-                Ok(Some(meta)) if !meta.paused => meta,
+                Ok(Some(meta)) if !meta.held(now) => meta,
                 Ok(_) => continue,
                 Err(err) => {
                     got.failure.get_or_insert(err);
@@ -272,7 +274,7 @@ impl Jobs {
                 }
             };
             let mut spent = false;
-            let limits = meta.limits();
+            let limits = meta.limits(now);
             'lanes: for priority in meta.priorities {
                 let puller = match self.queues.own.registry.puller(queue, priority).await {
                     Ok(Some(puller)) => puller,

@@ -6,6 +6,7 @@ pub(super) mod cron;
 mod depth_tokens;
 pub(super) mod finished_index;
 pub(super) mod job_writes;
+mod overrides;
 pub(super) mod pruner;
 mod slots;
 pub(super) mod timers;

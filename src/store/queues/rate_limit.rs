@@ -16,7 +16,7 @@ use tracing::warn;
 use super::Queues;
 use crate::domain::error::OjsError;
 use crate::domain::job::JobRecord;
-use crate::domain::rate_limit::{Limits, RateLimit};
+use crate::domain::rate_limit::{LimitOverride, Limits, RateLimit};
 use crate::store::connection::ensure_stream;
 use crate::store::deadline::{answered, by_deadline};
 use crate::store::error::{already_deleted, backend};
@@ -31,7 +31,10 @@ pub(in crate::store) struct Slot {
 /// A queue's limits and how much of them is in use now.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitUsage {
+    /// The limits in force.
     pub limits: Limits,
+    /// The operator's override among them, if any.
+    pub overridden: Option<LimitOverride>,
     /// Running places taken (of `limits.concurrency`).
     pub active: u64,
     /// Starts spent in the current window (of `limits.rate`).
@@ -76,29 +79,115 @@ impl Queues {
     }
 
     /// The token streams of the limits that change first, then the registry entry every
-    /// replica's FETCH follows; a limit already in force costs a map lookup.
+    /// replica's FETCH follows; a limit already in force costs a map lookup. A stream whose
+    /// limit an override rules keeps the override's until it ends (`end_override`).
     async fn apply_limits(
         &self,
         queue: &str,
         limits: Limits,
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
-        let t = &self.conn.topology;
-        let current = self.own.registry.limits(queue);
+        let registry = &self.own.registry;
+        let current = registry.own_limits(queue);
         let rate = limits.rate.filter(|r| current.rate != Some(*r));
         let concurrency = limits
             .concurrency
             .filter(|c| current.concurrency != Some(*c));
-        if let Some(rate) = rate {
+        if rate.is_none() && concurrency.is_none() {
+            return Ok(());
+        }
+        let overridden = registry
+            .lookup(queue)
+            .await?
+            .and_then(|m| m.override_at(now));
+        self.size_streams(
+            queue,
+            Limits {
+                rate: rate.filter(|_| overridden.is_none_or(|o| o.rate.is_none())),
+                concurrency: concurrency
+                    .filter(|_| overridden.is_none_or(|o| o.concurrency.is_none())),
+            },
+        )
+        .await?;
+        registry.set_limits(queue, limits, now).await
+    }
+
+    /// Makes the token streams of the limits `limits` names hold those limits; a zero
+    /// needs no stream (FETCH starts none).
+    async fn size_streams(&self, queue: &str, limits: Limits) -> Result<(), OjsError> {
+        let t = &self.conn.topology;
+        if let Some(rate) = limits.rate.filter(|r| r.limit > 0) {
             ensure_stream(&self.conn.js, t.rate_stream_config(queue, rate)).await?;
         }
-        if let Some(concurrency) = concurrency {
+        if let Some(concurrency) = limits.concurrency.filter(|c| *c > 0) {
             ensure_stream(&self.conn.js, t.slot_stream_config(queue, concurrency)).await?;
         }
-        if rate.is_some() || concurrency.is_some() {
-            self.own.registry.set_limits(queue, limits, now).await?;
-        }
         Ok(())
+    }
+
+    /// An operator's override of `queue`'s limits (rate-limiting spec §10.2): the registry
+    /// entry first, which every replica's FETCH follows from then, then the token streams
+    /// at the override's limits. A crash between leaves the streams to the leader's upkeep
+    /// (`keep_override`).
+    ///
+    /// # Errors
+    /// 404 for a queue never seen; `backend_error` when NATS fails.
+    pub async fn override_limits(&self, queue: &str, set: LimitOverride) -> Result<(), OjsError> {
+        self.own
+            .registry
+            .set_override(queue, Some(set), None, set.set_at)
+            .await?;
+        self.keep_override(queue, set).await
+    }
+
+    /// The token streams of an override in force, at its limits (idempotent).
+    ///
+    /// # Errors
+    /// `backend_error` when NATS fails.
+    pub(in crate::store) async fn keep_override(
+        &self,
+        queue: &str,
+        set: LimitOverride,
+    ) -> Result<(), OjsError> {
+        self.size_streams(queue, set.over(Limits::default())).await
+    }
+
+    /// Ends `queue`'s override — only the one set at `set_at` when that is named (its
+    /// expiry): the token streams back at the queue's own limits first, then the registry
+    /// entry without it. A crash between leaves the override in the entry: removing it
+    /// again, or its expiry, ends it. Whether there was one to end.
+    ///
+    /// # Errors
+    /// 404 for a queue never seen; `backend_error` when NATS fails.
+    pub async fn end_override(
+        &self,
+        queue: &str,
+        set_at: Option<DateTime<Utc>>,
+    ) -> Result<bool, OjsError> {
+        let registry = &self.own.registry;
+        let meta = registry
+            .lookup(queue)
+            .await?
+            .ok_or_else(|| OjsError::not_found("queue", queue))?;
+        let Some(set) = meta
+            .limit_override
+            .filter(|o| set_at.is_none_or(|at| o.set_at == at))
+        else {
+            return Ok(false);
+        };
+        let own = meta.own_limits();
+        self.size_streams(
+            queue,
+            Limits {
+                rate: own.rate.filter(|_| set.rate.is_some()),
+                concurrency: own.concurrency.filter(|_| set.concurrency.is_some()),
+            },
+        )
+        .await?;
+        registry
+            .set_override(queue, None, Some(set.set_at), Utc::now())
+            .await?;
+        Ok(true)
     }
 
     /// Where a queue's limits stand (rate-limiting spec §10.1): places taken of its
@@ -108,19 +197,29 @@ impl Queues {
     /// # Errors
     /// When NATS fails.
     pub async fn limit_usage(&self, queue: &str) -> Result<Option<LimitUsage>, OjsError> {
-        let limits = self.own.registry.limits(queue);
-        if limits.rate.is_none() && limits.concurrency.is_none() {
+        let now = Utc::now();
+        let Some(meta) = self.own.registry.lookup(queue).await? else {
+            return Ok(None);
+        };
+        let limits = meta.limits(now);
+        if !limits.any() {
             return Ok(None);
         }
         let t = &self.conn.topology;
         let doing = "reading a queue's limits";
         let mut usage = LimitUsage {
             limits,
+            overridden: meta.override_at(now),
             active: 0,
             started: 0,
             window_ends_ms: 0,
         };
-        if limits.concurrency.is_some() {
+        // An override's zero needs no stream: read one only where it exists.
+        let own = meta.own_limits();
+        if limits
+            .concurrency
+            .is_some_and(|c| c > 0 || own.concurrency.is_some())
+        {
             let name = t.slot_stream(queue);
             let stream = answered(doing, || self.conn.js.get_stream(&name))
                 .await?
@@ -128,8 +227,8 @@ impl Queues {
                 .map_err(backend(doing))?;
             usage.active = stream.cached_info().state.messages;
         }
-        if let Some(rate) = limits.rate {
-            let window = rate.window_index(Utc::now().timestamp_millis());
+        if let Some(rate) = limits.rate.filter(|r| r.limit > 0 || own.rate.is_some()) {
+            let window = rate.window_index(now.timestamp_millis());
             let subject = t.rate_subject(queue, window);
             let name = t.rate_stream(queue);
             let stream = answered(doing, || self.conn.js.get_stream(&name))
@@ -156,7 +255,7 @@ impl Queues {
         let mut names: Vec<String> = self
             .list()
             .into_iter()
-            .filter(|m| m.rate_limit.is_some() || m.concurrency.is_some())
+            .filter(|m| m.own_limits().any() || m.limit_override.is_some())
             .map(|m| m.name)
             .collect();
         names.sort();

@@ -17,7 +17,7 @@ use super::puller::Puller;
 use crate::domain::backpressure::Bound;
 use crate::domain::error::OjsError;
 use crate::domain::lanes::{self, LaneLimits};
-use crate::domain::rate_limit::{Limits, RateLimit};
+use crate::domain::rate_limit::{LimitOverride, Limits, RateLimit};
 use crate::domain::time;
 use crate::store::cas::{self, Replica};
 use crate::store::deadline::{self, answered};
@@ -63,17 +63,38 @@ pub struct QueueMeta {
     /// Most unfinished jobs, across every replica (`backpressure.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound: Option<Bound>,
+    /// An operator's limits in force instead of `rate_limit` and `concurrency` until it
+    /// expires (`PUT /rate-limits/{key}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_override: Option<LimitOverride>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
 }
 
 impl QueueMeta {
-    /// The limits in force.
-    pub fn limits(&self) -> Limits {
+    /// The queue's own limits, as jobs and its configuration set them.
+    pub fn own_limits(&self) -> Limits {
         Limits {
             rate: self.rate_limit,
             concurrency: self.concurrency,
         }
+    }
+
+    /// The override in force at `now`, if any.
+    pub fn override_at(&self, now: DateTime<Utc>) -> Option<LimitOverride> {
+        self.limit_override.filter(|o| o.in_force(now))
+    }
+
+    /// The limits in force at `now`: the override's where it names them.
+    pub fn limits(&self, now: DateTime<Utc>) -> Limits {
+        let own = self.own_limits();
+        self.override_at(now).map_or(own, |o| o.over(own))
+    }
+
+    /// Whether FETCH leaves the queue's jobs waiting at `now`: paused, or an override's
+    /// zero.
+    pub fn held(&self, now: DateTime<Utc>) -> bool {
+        self.paused || self.limits(now).hold()
     }
 
     /// When the pause or resume in force happened (the creation for a queue never paused).
@@ -94,6 +115,7 @@ impl QueueMeta {
             rate_limit: None,
             concurrency: None,
             bound: None,
+            limit_override: None,
             created_at: now,
         }
     }
@@ -226,22 +248,31 @@ impl QueueRegistry {
         queues
     }
 
-    /// Whether this replica's copy of the registry has `queue` paused. A message a
-    /// long-polling FETCH receives is checked against it, so a pause stops FETCHes that were
-    /// already waiting too.
-    pub fn is_paused(&self, queue: &str) -> bool {
+    /// Whether this replica's copy of the registry has `queue` held at `now` (paused, or
+    /// an override's zero). A message a long-polling FETCH receives is checked against it,
+    /// so a pause stops FETCHes that were already waiting too.
+    pub fn is_held(&self, queue: &str, now: DateTime<Utc>) -> bool {
         self.inner
             .queues
             .get(&encode_queue(queue))
-            .is_some_and(|m| m.paused)
+            .is_some_and(|m| m.held(now))
     }
 
-    /// The limits in force for `queue` as this replica knows them.
-    pub fn limits(&self, queue: &str) -> Limits {
+    /// The limits in force for `queue` at `now` as this replica knows them.
+    pub fn limits(&self, queue: &str, now: DateTime<Utc>) -> Limits {
         self.inner
             .queues
             .get(&encode_queue(queue))
-            .map(|m| m.limits())
+            .map(|m| m.limits(now))
+            .unwrap_or_default()
+    }
+
+    /// The queue's own limits (without an override) as this replica knows them.
+    pub fn own_limits(&self, queue: &str) -> Limits {
+        self.inner
+            .queues
+            .get(&encode_queue(queue))
+            .map(|m| m.own_limits())
             .unwrap_or_default()
     }
 
@@ -258,13 +289,51 @@ impl QueueRegistry {
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
         self.change_entry(queue, now, |meta| {
-            let before = meta.limits();
+            let before = meta.own_limits();
             meta.rate_limit = wanted.rate.or(meta.rate_limit);
             meta.concurrency = wanted.concurrency.or(meta.concurrency);
-            meta.limits() != before
+            meta.own_limits() != before
         })
         .await
         .map(drop)
+    }
+
+    /// Makes `set` the queue's override (`None` removes it). Removing ends only the
+    /// override set at `set_at` when one is named: a newer one stays. The queue must be
+    /// registered.
+    ///
+    /// # Errors
+    /// 404 for a queue not registered; 409/503 when the entry kept changing;
+    /// `backend_error`.
+    pub async fn set_override(
+        &self,
+        queue: &str,
+        set: Option<LimitOverride>,
+        set_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<QueueMeta, OjsError> {
+        if self.lookup(queue).await?.is_none() {
+            return Err(OjsError::not_found("queue", queue));
+        }
+        self.change_entry(queue, now, |meta| {
+            let before = meta.limit_override;
+            let ends_another =
+                set.is_none() && set_at.is_some_and(|at| before.is_some_and(|o| o.set_at != at));
+            if !ends_another {
+                meta.limit_override = set;
+            }
+            meta.limit_override != before
+        })
+        .await
+        .map(|(meta, _)| meta)
+    }
+
+    /// Every queue with an override, expired or not, as this replica knows them.
+    pub fn overridden(&self) -> Vec<(String, LimitOverride)> {
+        self.list()
+            .into_iter()
+            .filter_map(|m| Some((m.name, m.limit_override?)))
+            .collect()
     }
 
     /// Refuses to register `queue` when it is new and `max_queues` are registered (pause,
@@ -319,11 +388,14 @@ impl QueueRegistry {
         bounded
     }
 
-    /// Every queue with a concurrency limit, as this replica knows them.
+    /// Every queue with a concurrency limit, its own or an override's, as this replica
+    /// knows them.
     pub fn concurrency_limited(&self) -> Vec<String> {
         self.list()
             .into_iter()
-            .filter(|m| m.concurrency.is_some())
+            .filter(|m| {
+                m.concurrency.is_some() || m.limit_override.is_some_and(|o| o.concurrency.is_some())
+            })
             .map(|m| m.name)
             .collect()
     }

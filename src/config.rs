@@ -143,6 +143,10 @@ pub struct Config {
     pub admin_api_keys: KeyList,
     /// `/ojs/v1/health` and `/metrics` answer without a key (load balancers, Prometheus).
     pub open_health_and_metrics: bool,
+    /// Web origins (`https://ops.example.com`) whose pages may call the API from a browser
+    /// (HTTP binding §20: CORS). A list, or comma-separated (`OJS_CORS_ALLOWED_ORIGINS`);
+    /// `*` allows any, only while no API key is set. Empty: no cross-origin call.
+    pub cors_allowed_origins: TextList,
     /// NATS user name, with `nats_password` (the server's `authorization { user, password }`).
     pub nats_user: String,
     pub nats_password: Secret,
@@ -221,6 +225,7 @@ impl Default for Config {
             api_keys: KeyList::default(),
             admin_api_keys: KeyList::default(),
             open_health_and_metrics: true,
+            cors_allowed_origins: TextList::default(),
             nats_user: String::new(),
             nats_password: Secret::default(),
             nats_token: Secret::default(),
@@ -258,6 +263,11 @@ impl std::fmt::Debug for Secret {
 #[serde(from = "ListOrText", into = "Vec<String>")]
 pub struct KeyList(pub Vec<String>);
 
+/// A list setting: a list, or one comma-separated string (as a variable gives it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ListOrText", into = "Vec<String>")]
+pub struct TextList(pub Vec<String>);
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum ListOrText {
@@ -265,18 +275,36 @@ enum ListOrText {
     Text(String),
 }
 
-impl From<ListOrText> for KeyList {
-    fn from(value: ListOrText) -> Self {
-        let keys = match value {
-            ListOrText::List(keys) => keys,
+impl ListOrText {
+    /// The items, trimmed, without empty ones.
+    fn items(self) -> Vec<String> {
+        let items = match self {
+            ListOrText::List(items) => items,
             ListOrText::Text(text) => text.split(',').map(str::to_owned).collect(),
         };
-        KeyList(
-            keys.iter()
-                .map(|k| k.trim().to_owned())
-                .filter(|k| !k.is_empty())
-                .collect(),
-        )
+        items
+            .iter()
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .collect()
+    }
+}
+
+impl From<ListOrText> for KeyList {
+    fn from(value: ListOrText) -> Self {
+        KeyList(value.items())
+    }
+}
+
+impl From<ListOrText> for TextList {
+    fn from(value: ListOrText) -> Self {
+        TextList(value.items())
+    }
+}
+
+impl From<TextList> for Vec<String> {
+    fn from(list: TextList) -> Self {
+        list.0
     }
 }
 
@@ -605,6 +633,9 @@ impl Config {
                 return invalid(field, &reason);
             }
         }
+        if let Err(reason) = self.cors_origins() {
+            return invalid("cors_allowed_origins", &reason);
+        }
         let ways = [
             !self.nats_user.is_empty(),
             self.nats_token.is_set(),
@@ -679,6 +710,41 @@ impl Config {
             return Err("names no NATS server".into());
         }
         Ok(servers)
+    }
+
+    /// The origins `cors_allowed_origins` names, each as a browser sends it in `Origin`
+    /// (`https://host[:port]`), or `["*"]` for any.
+    ///
+    /// # Errors
+    /// An entry that is not an origin; `*` beside others, or while API keys are set (a
+    /// page of any site could then use a key its browser holds; HTTP binding §20.3).
+    pub fn cors_origins(&self) -> Result<Vec<String>, String> {
+        let origins = &self.cors_allowed_origins.0;
+        if origins.iter().any(|o| o == "*") {
+            if origins.len() > 1 {
+                return Err("* allows any origin: list origins or give * alone".into());
+            }
+            if !self.api_keys.0.is_empty() || !self.admin_api_keys.0.is_empty() {
+                return Err(
+                    "* cannot be used while API keys are set: list the origins of your pages"
+                        .into(),
+                );
+            }
+            return Ok(origins.clone());
+        }
+        origins
+            .iter()
+            .map(|raw| {
+                let origin = url::Url::parse(raw)
+                    .ok()
+                    .filter(|u| matches!(u.scheme(), "http" | "https"))
+                    .map(|u| u.origin().ascii_serialization())
+                    .filter(|o| o == raw.trim_end_matches('/'));
+                origin.ok_or_else(|| {
+                    format!("{raw:?} is not a web origin such as https://ops.example.com (a scheme and host, a port at most)")
+                })
+            })
+            .collect()
     }
 
     pub fn failpoints(&self) -> Failpoints {
@@ -1003,6 +1069,43 @@ mod tests {
             assert!(!err.to_string().contains("too-short"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    fn cors_origins_are_web_origins_and_any_only_without_keys() {
+        let with = |origins: &[&str], keys: &[&str]| Config {
+            cors_allowed_origins: TextList(origins.iter().map(|o| o.to_string()).collect()),
+            api_keys: KeyList(keys.iter().map(|k| k.to_string()).collect()),
+            ..Config::default()
+        };
+        let key = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            with(&["https://ops.example.com", "http://localhost:5173/"], &[])
+                .cors_origins()
+                .unwrap(),
+            ["https://ops.example.com", "http://localhost:5173"]
+        );
+        assert_eq!(with(&["*"], &[]).cors_origins().unwrap(), ["*"]);
+        assert!(
+            with(&["*"], &[key]).validate().is_err(),
+            "any origin with keys"
+        );
+        assert!(with(&["*", "https://a.example"], &[])
+            .cors_origins()
+            .is_err());
+        for bad in [
+            "ops.example.com",
+            "https://a.example/path",
+            "ftp://a.example",
+            "https://a.example?x=1",
+        ] {
+            let err = with(&[bad], &[]).validate().unwrap_err();
+            assert!(
+                err.to_string().contains("cors_allowed_origins"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(with(&[], &[key]).validate().is_ok());
     }
 
     #[test]

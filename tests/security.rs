@@ -6,7 +6,7 @@ use crate::common;
 
 use common::{spawn_app_with, test_config, NatsServer, TestApp};
 use ojs_client::{Client, ClientError, JobSpec};
-use ojs_jetstream::config::{Config, KeyList, Secret};
+use ojs_jetstream::config::{Config, KeyList, Secret, TextList};
 use serde_json::json;
 
 const PRODUCER_KEY: &str = "3f0c1b9e6d2a47c58e1f0a9b7c6d5e4f-producer";
@@ -164,6 +164,89 @@ async fn health_and_metrics_ask_for_a_key_when_not_open() {
     assert_eq!(keyed.get("/ojs/v1/health").await.status, 200);
     let metrics = keyed.http.get(app.url("/metrics")).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
+}
+
+/// Pages of an allowed origin call the API from a browser (HTTP binding §20): the
+/// preflight is answered before any key is asked for, the answers name the origin and
+/// expose the headers clients read; another origin gets no CORS header, and without the
+/// setting no origin does.
+#[tokio::test]
+async fn pages_of_allowed_origins_call_from_a_browser_and_no_others() {
+    const UI: &str = "http://localhost:5173";
+    let nats = NatsServer::start();
+    let app = spawn_app_with(Config {
+        api_keys: KeyList(vec![PRODUCER_KEY.into()]),
+        cors_allowed_origins: TextList(vec![UI.into(), "https://ops.example.com".into()]),
+        ..test_config(&nats.url)
+    })
+    .await;
+    let preflight = |origin: &'static str| {
+        app.http
+            .request(
+                reqwest::Method::OPTIONS,
+                app.url("/ojs/v1/admin/queues/q/pause"),
+            )
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type, authorization",
+            )
+            .send()
+    };
+    let r = preflight(UI).await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], UI);
+    let methods = h["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for m in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+        assert!(methods.contains(m), "{methods}");
+    }
+    let allowed = h["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(
+        allowed.contains("authorization") && allowed.contains("content-type"),
+        "{allowed}"
+    );
+    assert_eq!(h["access-control-max-age"], "86400");
+
+    let r = app
+        .keyed(PRODUCER_KEY)
+        .http
+        .get(app.url("/ojs/v1/queues"))
+        .header("origin", UI)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], UI);
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(
+        exposed.contains("x-request-id") && exposed.contains("retry-after"),
+        "{exposed}"
+    );
+
+    let r = preflight("https://evil.example").await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    let closed = spawn_app_with(test_config(&nats.url)).await;
+    let r = closed
+        .http
+        .get(closed.url("/ojs/v1/queues"))
+        .header("origin", UI)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
 }
 
 /// Connecting without credentials is refused: the server really asks for them.

@@ -1,13 +1,14 @@
 //! What every response shares (HTTP binding §3.2, §6.5): the media type, `OJS-Version`,
 //! `X-Request-Id`, errors in the OJS format (the framework's own rejections and unknown
-//! routes too), the request's deadline, and request metrics.
+//! routes too), the request's deadline, request metrics, and cross-origin calls.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tower_http::cors::{AllowMethods, AllowOrigin, CorsLayer};
 use tracing::Instrument;
 use tracing::{error, warn};
 use uuid::Uuid;
@@ -37,6 +38,57 @@ pub(super) async fn method_not_allowed(req: Request) -> Response {
     let mut response = ApiError(err).into_response();
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
+}
+
+/// Cross-origin calls from the pages of `origins` (HTTP binding §20; `cors_allowed_origins`,
+/// validated at load): preflights answered before any route or key check, the headers
+/// clients send allowed and the ones they read exposed. `None` when no origin is allowed.
+pub(super) fn cors(origins: &[String]) -> Option<CorsLayer> {
+    let allow = match origins {
+        [] => return None,
+        [any] if any == "*" => AllowOrigin::any(),
+        listed => AllowOrigin::list(listed.iter().filter_map(|o| HeaderValue::from_str(o).ok())),
+    };
+    let names = |names: &[&'static str]| -> Vec<header::HeaderName> {
+        names
+            .iter()
+            .map(|n| header::HeaderName::from_static(n))
+            .collect()
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(AllowMethods::list([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+                Method::OPTIONS,
+            ]))
+            .allow_headers(names(&[
+                "content-type",
+                "accept",
+                "authorization",
+                "x-request-id",
+                "ojs-version",
+                "ojs-block-timeout",
+                "traceparent",
+                "tracestate",
+            ]))
+            .expose_headers(names(&[
+                "x-request-id",
+                "ojs-version",
+                "retry-after",
+                "location",
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+                "x-ojs-queue-depth",
+                "x-ojs-queue-bound",
+            ]))
+            .max_age(Duration::from_secs(86_400)),
+    )
 }
 
 /// Header conventions of HTTP binding §3.2 and §6.5 on every response, the request id in

@@ -14,7 +14,7 @@ use axum::routing::{on, MethodFilter};
 use axum::Router;
 
 use super::auth::{self, Access, Gate, Keys};
-use super::conventions::{conventions, method_not_allowed, not_found};
+use super::conventions::{conventions, cors, method_not_allowed, not_found};
 use super::openapi::{self, Operation};
 use super::respond::respond;
 use super::state::SharedState;
@@ -36,16 +36,24 @@ pub fn router(state: SharedState, keys: Keys) -> Router {
     );
     document
         .set(openapi::document(&routes.operations))
-        .expect("set once");
-    let gate = Arc::new(Gate::new(keys, routes.rules()));
-    routes
+        .expect("set on    let gate = Arc::new(Gate::new(keys, routes.rules()));
+    let cors = cors(&state.config.cors_origins().unwrap_or_default());
+    let router = routes
         .router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(gate, auth::authenticate))
-        .layer(middleware::from_fn_with_state(state.clone(), conventions))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(state.clone(), conventions));
+    // Outermost: a preflight carries no key, and is answered before any route.
+    match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
+    .with_state(state)
+}
+
+e)
 }
 
 /// The rows. `allow_reset` adds the conformance reset, never routed by default.

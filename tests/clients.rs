@@ -1119,3 +1119,128 @@ async fn the_command_lines_queue_create_registers_a_queue_with_its_settings() {
     }
     app.stop().await;
 }
+
+/// The admin UI's reads and actions that have shapes of their own: a job's detail always
+/// with `errors` and `metadata` (it reads both), the events page by number newest first
+/// (`items`, `pagination`, `timestamp`), the health's queue total, the priority change at
+/// its admin path, the priority distribution, and a rate-only limit's `active`.
+#[tokio::test]
+async fn the_admin_uis_pages_and_actions_read_their_shapes() {
+    let nats = NatsServer::start();
+    let app = spawn_app(&nats.url).await;
+    let fresh = app
+        .enqueue(json!({"type": "t.ui", "args": [1], "options": {"queue": "ui", "priority": 3}}))
+        .await;
+    let r = app.get(&format!("/ojs/v1/admin/jobs/{fresh}")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["errors"], json!([]), "{}", r.body);
+    assert_eq!(r.body["metadata"]["created_at"], r.body["created_at"]);
+    assert!(r.body["metadata"]["completed_at"].is_null(), "{}", r.body);
+
+    let failing = app
+        .enqueue(
+            json!({"type": "t.ui", "args": [2], "options": {"queue": "ui-fail",
+            "retry": {"max_attempts": 2}}}),
+        )
+        .await;
+    let jobs = app.fetch(&["ui-fail"], "w").await;
+    let r = app
+        .fail(json!({"job_id": jobs[0]["id"], "error": {"type": "Boom", "message": "no"}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = app.get(&format!("/ojs/v1/admin/jobs/{failing}")).await;
+    assert_eq!(r.body["errors"][0]["message"], "no", "{}", r.body);
+
+    // The priority change at the admin path, then the distribution by priority.
+    let r = app
+        .patch(
+            &format!("/ojs/v1/admin/jobs/{fresh}"),
+            json!({"priority": 7}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(app.job(&fresh).await["priority"], 7);
+    for priority in [3, 7, 3] {
+        app.enqueue(json!({"type": "t.ui", "args": [3], "options": {"queue": "ui-prio", "priority": priority}}))
+            .await;
+    }
+    let r = app.get("/ojs/v1/queues/ui-prio/priority-stats").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.body["counts_by_priority"],
+        json!({"7": 1, "3": 2}),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["total"], 3);
+    let distribution = r.body["distribution"].as_array().unwrap();
+    assert!(
+        distribution.contains(&json!({"priority": 7, "count": 1})),
+        "{}",
+        r.body
+    );
+    app.get("/ojs/v1/queues/never-seen/priority-stats")
+        .await
+        .assert_error(404, "not_found");
+
+    let r = app.get("/ojs/v1/health").await;
+    assert_eq!(r.body["queues"]["total"], 3, "{}", r.body);
+
+    // Events by page: the newest first, the same as the cursor's listing read backwards.
+    let all = eventually(Duration::from_secs(5), "the events published", || async {
+        let r = app.get("/ojs/v1/events?limit=1000").await;
+        let events = r.body["events"].as_array().cloned().unwrap_or_default();
+        (events.len() >= 5).then_some(events)
+    })
+    .await;
+    let r = app.get("/ojs/v1/events?page=1&per_page=2").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let items = r.body["items"].as_array().unwrap();
+    let newest: Vec<&Value> = all.iter().rev().take(2).collect();
+    assert_eq!(
+        items.iter().map(|e| &e["id"]).collect::<Vec<_>>(),
+        newest.iter().map(|e| &e["id"]).collect::<Vec<_>>()
+    );
+    assert_eq!(items[0]["timestamp"], items[0]["time"]);
+    assert!(r.body["pagination"]["total"].as_u64().unwrap() >= all.len() as u64);
+    assert_eq!(r.body["pagination"]["page"], 1);
+    let r = app.get("/ojs/v1/events?page=2&per_page=2").await;
+    assert_eq!(
+        r.body["items"][0]["id"],
+        all[all.len() - 3]["id"],
+        "{}",
+        r.body
+    );
+    let r = app
+        .get("/ojs/v1/events?page=1&per_page=50&type=job.enqueued")
+        .await;
+    let enqueued = all.iter().filter(|e| e["type"] == "job.enqueued").count();
+    assert_eq!(
+        r.body["items"].as_array().unwrap().len(),
+        enqueued,
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["pagination"]["total"], enqueued);
+    app.get("/ojs/v1/events?page=500&per_page=50")
+        .await
+        .assert_error(400, "invalid_request");
+
+    // A rate-only limit still shows the jobs running.
+    let limited = app
+        .enqueue(
+            json!({"type": "t.ui", "args": [4], "options": {"queue": "ui-rate",
+            "rate_limit": {"max_per_second": 10}}}),
+        )
+        .await;
+    assert_eq!(app.fetch(&["ui-rate"], "w").await[0]["id"], limited);
+    eventually(
+        Duration::from_secs(5),
+        "the running job counted",
+        || async {
+            let r = app.get("/ojs/v1/rate-limits/ui-rate").await;
+            (r.body["active"] == 1).then_some(())
+        },
+    )
+    .await;
+}

@@ -25,14 +25,17 @@ async fn health_reports_nats_and_degrades_when_it_is_gone() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body["status"], "ok");
     assert_eq!(r.body["backend"]["status"], "connected");
-    assert_eq!(r.body["queues"], json!({"active": 0, "paused": 0}));
+    assert_eq!(
+        r.body["queues"],
+        json!({"total": 0, "active": 0, "paused": 0})
+    );
     app.enqueue(job_on("h1")).await;
     app.enqueue(job_on("h2")).await;
     app.post("/ojs/v1/queues/h2/pause", json!({})).await;
     let r = app.get("/ojs/v1/health").await;
     assert_eq!(
         r.body["queues"],
-        json!({"active": 1, "paused": 1}),
+        json!({"total": 2, "active": 1, "paused": 1}),
         "observability spec §10.1"
     );
     for probe in ["/ojs/v1/health/ready", "/readyz"] {

@@ -397,6 +397,33 @@ pub fn summary(job: &Job) -> Value {
     Value::Object(picked)
 }
 
+/// A job's times the admin detail gathers under `metadata`, null when not reached.
+const METADATA_FIELDS: [&str; 7] = [
+    "created_at",
+    "enqueued_at",
+    "started_at",
+    "scheduled_at",
+    "completed_at",
+    "cancelled_at",
+    "discarded_at",
+];
+
+/// The admin detail of a job (admin spec §7.2): the whole envelope, `errors` always (empty
+/// before any failure) and its times again under `metadata`.
+pub fn detail(job: &Job) -> Value {
+    let Ok(Value::Object(mut all)) = serde_json::to_value(job) else {
+        return Value::Null;
+    };
+    all.entry("errors")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let metadata: Map<String, Value> = METADATA_FIELDS
+        .iter()
+        .map(|&k| (k.to_owned(), all.get(k).cloned().unwrap_or(Value::Null)))
+        .collect();
+    all.insert("metadata".to_owned(), Value::Object(metadata));
+    Value::Object(all)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,5 +616,16 @@ mod tests {
         let mut listed = LISTING_ORDER.to_vec();
         listed.sort();
         assert_eq!(listed, JobState::ALL.to_vec());
+    }
+
+    #[test]
+    fn a_detail_always_has_errors_and_its_times_under_metadata() {
+        let job = crate::domain::fixtures::record(serde_json::json!({})).job;
+        let d = detail(&job);
+        assert_eq!(d["errors"], serde_json::json!([]));
+        assert_eq!(d["id"], serde_json::json!(job.id));
+        assert_eq!(d["metadata"]["created_at"], d["created_at"]);
+        assert!(d["metadata"]["completed_at"].is_null());
+        assert_eq!(d["metadata"].as_object().unwrap().len(), 7);
     }
 }

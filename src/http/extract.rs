@@ -96,7 +96,8 @@ pub fn query_list(params: &std::collections::HashMap<String, String>, key: &str)
         .unwrap_or_default()
 }
 
-/// The event types a query names in `types` or `event_types` (both spellings are in use).
+/// The event types a query names in `types`, `event_types` (both spellings are in use) or
+/// `type` (one, the admin UI).
 /// A type becomes part of a subject filter: only the event vocabulary's shape is accepted.
 ///
 /// # Errors
@@ -106,6 +107,8 @@ pub fn event_types(
 ) -> Result<Vec<String>, OjsError> {
     let mut types = query_list(params, "types");
     types.extend(query_list(params, "event_types"));
+    // `type`: the admin UI's one type.
+    types.extend(query_list(params, "type"));
     match types.iter().find(|t| validate_type(t).is_err()) {
         Some(bad) => Err(OjsError::invalid(
             "event_types",

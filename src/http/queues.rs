@@ -1,4 +1,4 @@
-//! Queues (HTTP binding §11): list, statistics, pause and resume.
+//! Queues (HTTP binding §11): list, statistics (also by priority), pause and resume.
 
 use std::collections::HashMap;
 
@@ -12,6 +12,7 @@ use super::extract::{pagination, paging};
 use super::respond::respond;
 use super::state::SharedState;
 use crate::domain::envelope::validate_queue;
+use crate::domain::error::OjsError;
 use crate::domain::state::JobState;
 use crate::store::Pressure;
 
@@ -88,6 +89,39 @@ pub async fn stats(
         json!(crate::domain::time::format(stats.computed_at)),
     );
     Ok(respond(StatusCode::OK, &body))
+}
+
+/// `GET /queues/{name}/priority-stats` (priority spec §10.3): the queue's waiting and
+/// running jobs by priority, as the spec (`counts_by_priority`, `total`) and the admin UI
+/// (`distribution`) read them.
+pub async fn priority_stats(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let counts = state
+        .store
+        .queues()
+        .by_priority(&name)
+        .await?
+        .ok_or_else(|| OjsError::not_found("queue", &name))?;
+    let by_priority: serde_json::Map<String, Value> = counts
+        .iter()
+        .map(|(p, n)| (p.to_string(), json!(n)))
+        .collect();
+    let distribution: Vec<Value> = counts
+        .iter()
+        .map(|(p, n)| json!({"priority": p, "count": n}))
+        .collect();
+    Ok(respond(
+        StatusCode::OK,
+        &json!({
+            "queue": name,
+            "counts_by_priority": by_priority,
+            "distribution": distribution,
+            "total": counts.iter().map(|(_, n)| n).sum::<u64>(),
+        }),
+    ))
 }
 
 pub async fn pause(

@@ -80,14 +80,17 @@ pub async fn get(
 }
 
 async fn item(state: &SharedState, queue: &str, usage: LimitUsage) -> Result<Value, OjsError> {
-    let waiting = state
-        .store
-        .stats()
-        .queue_counts(queue)
-        .await?
-        .map_or(0, |c| c.states.of(JobState::Available));
-    // `waiting`, `limit` and `period` flat as well: the admin UI's columns.
-    let mut body = json!({"key": queue, "waiting_count": waiting, "waiting": waiting});
+    let counts = state.store.stats().queue_counts(queue).await?;
+    let of = |s: JobState| counts.as_ref().map_or(0, |c| c.states.of(s));
+    let waiting = of(JobState::Available);
+    // `waiting`, `active`, `limit` and `period` flat as well: the admin UI's columns (a
+    // concurrency limit's places taken replace `active` below).
+    let mut body = json!({
+        "key": queue,
+        "waiting_count": waiting,
+        "waiting": waiting,
+        "active": of(JobState::Active),
+    });
     if let Some(limit) = usage.limits.concurrency {
         let available = limit.saturating_sub(usage.active);
         body["limit"] = json!(limit);

@@ -36,7 +36,8 @@ pub fn router(state: SharedState, keys: Keys) -> Router {
     );
     document
         .set(openapi::document(&routes.operations))
-        .expect("set on    let gate = Arc::new(Gate::new(keys, routes.rules()));
+        .expect("set once");
+    let gate = Arc::new(Gate::new(keys, routes.rules()));
     let cors = cors(&state.config.cors_origins().unwrap_or_default());
     let router = routes
         .router
@@ -51,9 +52,6 @@ pub fn router(state: SharedState, keys: Keys) -> Router {
         None => router,
     }
     .with_state(state)
-}
-
-e)
 }
 
 /// The rows. `allow_reset` adds the conformance reset, never routed by default.
@@ -255,6 +253,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             queues::stats,
         )
         .add(
+            M::GET,
+            "/ojs/v1/queues/{name}/priority-stats",
+            Key,
+            "A queue's waiting and running jobs by priority",
+            queues::priority_stats,
+        )
+        .add(
             M::POST,
             "/ojs/v1/queues/{name}/pause",
             Admin,
@@ -428,6 +433,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             Admin,
             "A job's whole envelope",
             admin::jobs::get,
+        )
+        .add(
+            M::PATCH,
+            "/ojs/v1/admin/jobs/{id}",
+            Admin,
+            "Change a waiting job's priority (the admin UI's path)",
+            jobs::reprioritize,
         )
         .add(
             M::POST,

@@ -39,7 +39,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
                 "version": "1.0",
                 "uptime_seconds": uptime,
                 "backend": {"type": "nats", "status": "connected", "latency_ms": latency.as_millis() as u64},
-                "queues": {"active": queues.len() - paused, "paused": paused},
+                "queues": {"total": queues.len(), "active": queues.len() - paused, "paused": paused},
                 "coordinator": coordinator,
             }),
         ),

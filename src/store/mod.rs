@@ -43,7 +43,7 @@ use connection::Connection;
 pub use cron::Cron;
 pub use dead_letter::{DeadLetter, DeadLetterPage, DeadLetterStats, Entries};
 pub use error::backend;
-pub use events::{EventFeed, EventPage, EventQuery, Events, FollowFrom};
+pub use events::{EventFeed, EventPage, EventQuery, Events, FollowFrom, NewestPage};
 pub use jobs::enqueue::Enqueued;
 pub use jobs::listing::JobPage;
 pub use jobs::progress::Reported;

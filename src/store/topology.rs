@@ -253,6 +253,11 @@ impl Topology {
         format!("{}.q.{}.{priority}", self.namespace, encode_queue(queue))
     }
 
+    /// Every priority's subject of `queue`: its stream's subjects.
+    pub fn queue_subject_filter(&self, queue: &str) -> String {
+        format!("{}.q.{}.*", self.namespace, encode_queue(queue))
+    }
+
     /// Prefix of the queues' rate-limit streams, used only by the admin reset.
     pub fn rate_stream_prefix(&self) -> String {
         format!("{}-rate-", self.namespace)
@@ -401,7 +406,7 @@ impl Topology {
     pub fn queue_stream_config(&self, queue: &str) -> stream::Config {
         stream::Config {
             name: self.queue_stream(queue),
-            subjects: vec![format!("{}.q.{}.*", self.namespace, encode_queue(queue))],
+            subjects: vec![self.queue_subject_filter(queue)],
             retention: RetentionPolicy::WorkQueue,
             storage: self.storage,
             num_replicas: self.replicas,

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::run_bulk;
 use crate::domain::bulk::BulkOp;
-use crate::domain::listing::{summary, ListQuery};
+use crate::domain::listing::{detail, summary, ListQuery};
 use crate::http::error::ApiError;
 use crate::http::extract::JsonObject;
 use crate::http::respond::{job_id, respond, respond_wrapped_and_bare};
@@ -48,13 +48,14 @@ pub fn page_body(q: &ListQuery, page: JobPage) -> Value {
     })
 }
 
-/// `GET /admin/jobs/{id}`: the whole envelope at the top level (admin spec §7.2).
+/// `GET /admin/jobs/{id}`: the whole envelope at the top level, with `errors` and
+/// `metadata` (admin spec §7.2).
 pub async fn get(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let job = state.store.jobs().info(&job_id(&id)?).await?;
-    Ok(respond(StatusCode::OK, &job))
+    Ok(respond(StatusCode::OK, &detail(&job)))
 }
 
 /// `POST /admin/jobs/{id}/retry` (admin spec §7.4): a discarded or retryable job runs

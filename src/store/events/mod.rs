@@ -36,6 +36,8 @@ pub(super) struct Owned {
 /// Events read at most per query, so a selective filter cannot make one request scan the
 /// whole stream; the cursor continues where the scan stopped.
 const SCAN_LIMIT: usize = 10_000;
+/// Newest events a filtered page of the newest looks at.
+const NEWEST_WINDOW: usize = 2_000;
 pub(super) const BATCH: usize = 256;
 
 /// Filters of the events endpoint. Empty lists match everything.
@@ -65,6 +67,15 @@ impl EventQuery {
 
 /// One page of events, oldest first.
 #[derive(Debug, Clone)]
+/// A page of the newest events (`Events::newest`).
+pub struct NewestPage {
+    pub events: Vec<Event>,
+    /// Events matching: all of them, or those among the newest looked at.
+    pub total: usize,
+    /// Whether `total` counts every match stored.
+    pub complete: bool,
+}
+
 pub struct EventPage {
     pub events: Vec<Event>,
     /// Where the next page starts; absent when nothing was read.
@@ -169,6 +180,63 @@ impl Events {
             let _ = events.delete_consumer(&name).await;
         });
         Ok(page)
+    }
+
+    /// Page `page` (from 1) of `per_page` events matching `q`, newest first, and how many
+    /// match in all. Unfiltered, the page is read by its sequences; filtered, the newest
+    /// [`NEWEST_WINDOW`] events are looked at (`complete` says whether that is all of
+    /// them).
+    ///
+    /// # Errors
+    /// When NATS fails.
+    pub async fn newest(
+        &self,
+        q: &EventQuery,
+        page: usize,
+        per_page: usize,
+    ) -> Result<NewestPage, OjsError> {
+        let state = self
+            .own
+            .stream
+            .clone()
+            .info()
+            .await
+            .map_err(backend("reading the events stream"))?
+            .state
+            .clone();
+        let unfiltered = q.types.is_empty() && q.queues.is_empty() && q.job_types.is_empty();
+        let reach = if unfiltered {
+            page.saturating_mul(per_page).max(1)
+        } else {
+            NEWEST_WINDOW
+        };
+        let start = state
+            .last_sequence
+            .saturating_sub(reach as u64)
+            .saturating_add(1)
+            .max(state.first_sequence);
+        let mut events = if state.messages == 0 {
+            Vec::new()
+        } else {
+            let read = EventQuery {
+                after: Some(start.saturating_sub(1)),
+                limit: reach,
+                ..q.clone()
+            };
+            self.query(&read).await?.events
+        };
+        let total = if unfiltered {
+            state.messages as usize
+        } else {
+            events.len()
+        };
+        events.reverse();
+        let skip = (page - 1).saturating_mul(per_page);
+        Ok(NewestPage {
+            events: events.into_iter().skip(skip).take(per_page).collect(),
+            total,
+            complete: unfiltered || start <= state.first_sequence,
+        })
     }
 
     /// Follows the events stream from `from`, for one live stream. Only one event type

@@ -2,11 +2,14 @@
 //! events.
 
 use chrono::Utc;
+use futures::StreamExt;
 
 use super::registry::QueueMeta;
 use super::Queues;
 use crate::domain::error::OjsError;
 use crate::domain::event::queue_event;
+use crate::store::deadline::answered;
+use crate::store::error::backend;
 
 impl Queues {
     /// Every queue, by name.
@@ -54,5 +57,44 @@ impl Queues {
         );
         self.events.publish(&[event]).await?;
         Ok(meta)
+    }
+
+    /// How many of `queue`'s jobs wait or run in each of its priorities (priority spec
+    /// §10.3), highest first: the messages of each priority's subject in the queue's
+    /// stream, from one stream info. A job cancelled or moved to another priority while it
+    /// waited still counts in its old lane until a FETCH passes its message. `None` for a
+    /// queue never seen.
+    ///
+    /// # Errors
+    /// `backend_error` when NATS fails.
+    pub async fn by_priority(&self, queue: &str) -> Result<Option<Vec<(i32, u64)>>, OjsError> {
+        let Some(meta) = self.own.registry.lookup(queue).await? else {
+            return Ok(None);
+        };
+        let t = &self.conn.topology;
+        let doing = "counting a queue's jobs by priority";
+        let mut counts: Vec<(i32, u64)> = meta.priorities.iter().map(|&p| (p, 0)).collect();
+        if counts.is_empty() {
+            return Ok(Some(counts));
+        }
+        let name = t.queue_stream(queue);
+        let stream = answered(doing, || self.conn.js.get_stream(&name))
+            .await?
+            .said
+            .map_err(backend(doing))?;
+        let mut subjects = stream
+            .info_with_subjects(t.queue_subject_filter(queue))
+            .await
+            .map_err(backend(doing))?;
+        while let Some(counted) = subjects.next().await {
+            let (subject, n) = counted.map_err(backend(doing))?;
+            if let Some(entry) = counts
+                .iter_mut()
+                .find(|(p, _)| t.queue_subject(queue, *p) == subject)
+            {
+                entry.1 = n as u64;
+            }
+        }
+        Ok(Some(counts))
     }
 }

@@ -903,3 +903,76 @@ async fn the_client_pauses_queues_reads_stats_and_progress_and_works_the_dead_le
     assert_eq!(steered.code(), Some("not_found"), "{steered}");
     assert_eq!(app.job(other).await["state"], "available", "not cancelled");
 }
+
+/// A worker that reports `drain` (the Rust worker does, terminating with jobs still
+/// running) gets no new job from a FETCH through any gateway, settles the ones it holds,
+/// and is listed as draining; another worker takes the waiting jobs.
+#[tokio::test]
+async fn a_draining_worker_gets_no_new_job_anywhere_and_finishes_its_own() {
+    let nats = NatsServer::start();
+    let a = spawn_app(&nats.url).await;
+    let b = spawn_app(&nats.url).await;
+    let held = a
+        .enqueue(json!({"type": "t.long", "args": [], "options": {"queue": "drain"}}))
+        .await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut config = WorkerConfig::new(&a.base, &["drain"]);
+    config.worker_id = "w-draining".into();
+    config.concurrency = 1;
+    config.grace_period = Duration::from_secs(30);
+    let mut worker = Worker::new(config);
+    let gate = release.clone();
+    worker.register("t.long", move |_ctx: JobContext| {
+        let gate = gate.clone();
+        async move {
+            gate.notified().await;
+            Ok(Value::Null)
+        }
+    });
+    let control = worker.control();
+    let run = tokio::spawn(worker.run_until_terminated());
+    eventually(Duration::from_secs(5), "the job running", || async {
+        (a.job(&held).await["state"] == "active").then_some(())
+    })
+    .await;
+    control.terminate();
+    // Its heartbeat on the change of state says `drain`, seen through the other gateway.
+    eventually(
+        Duration::from_secs(5),
+        "the worker listed as draining",
+        || async {
+            let r = b.get("/ojs/v1/admin/workers").await;
+            let listed = r.body["items"]
+                .as_array()?
+                .iter()
+                .find(|w| w["id"] == "w-draining")?
+                .clone();
+            (listed["state"] == "drain").then_some(())
+        },
+    )
+    .await;
+    let waiting = a
+        .enqueue(json!({"type": "t.long", "args": [], "options": {"queue": "drain"}}))
+        .await;
+    for app in [&a, &b] {
+        let started = Instant::now();
+        let r = app
+            .post(
+                "/ojs/v1/workers/fetch",
+                json!({"queues": ["drain"], "worker_id": "w-draining", "wait_ms": 300}),
+            )
+            .await;
+        assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "it waits out its wait"
+        );
+    }
+    assert_eq!(a.job(&waiting).await["state"], "available");
+    // It settles what it holds, then stops; another worker takes the waiting job.
+    release.notify_one();
+    run.await.unwrap();
+    assert_eq!(a.job(&held).await["state"], "completed");
+    let jobs = b.fetch(&["drain"], "w-other").await;
+    assert_eq!(jobs[0]["id"], waiting);
+}

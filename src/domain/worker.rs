@@ -60,9 +60,25 @@ impl WorkerState {
     }
 }
 
+/// Whether a worker that reports `state` in its heartbeats takes no new jobs (graceful
+/// shutdown spec §5): quiet, draining its active ones, or terminating.
+pub fn takes_no_jobs(state: &str) -> bool {
+    matches!(state, "quiet" | "drain" | "terminate")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_draining_or_terminating_worker_takes_no_jobs() {
+        for state in ["quiet", "drain", "terminate"] {
+            assert!(takes_no_jobs(state), "{state}");
+        }
+        for state in ["running", "busy", ""] {
+            assert!(!takes_no_jobs(state), "{state}");
+        }
+    }
 
     #[test]
     fn worker_ids_are_bounded_and_printable() {

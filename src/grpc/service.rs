@@ -368,7 +368,7 @@ impl OjsService for Gateway {
                 body.as_object().expect("an object"),
                 &self.state.config.request_limits(),
             )?;
-            let jobs = self.state.store.jobs().fetch_for_caller(req).await?;
+            let jobs = self.state.store.workers().fetch(req).await?;
             Ok(pb::FetchResponse {
                 jobs: jobs.iter().map(convert::job).collect(),
             })

@@ -165,7 +165,7 @@ impl JobFeed {
             }
             let mut req = self.base.clone();
             req.count = self.max - self.held.len();
-            let fetch = self.state.store.jobs().fetch_for_caller(req);
+            let fetch = self.state.store.workers().fetch(req);
             let until = Instant::now() + self.state.config.request_deadline();
             let claimed = tokio::select! {
                 () = self.tx.closed() => break,

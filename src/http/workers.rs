@@ -23,7 +23,7 @@ pub async fn fetch(
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
     let req = requests::fetch(&body, &state.config.request_limits())?;
-    let jobs = state.store.jobs().fetch_for_caller(req).await?;
+    let jobs = state.store.workers().fetch(req).await?;
     Ok(respond(StatusCode::OK, &SomeJobs { jobs: &jobs }))
 }
 

@@ -18,12 +18,14 @@ use super::jobs::Jobs;
 use super::mirror::Mirror;
 use super::timers::{Timer, TimerKind, Timers};
 use crate::domain::error::{ErrorCode, OjsError};
+use crate::domain::job::Job;
 use crate::domain::job::Transition;
 use crate::domain::lifecycle;
-use crate::domain::requests::BeatRequest;
+use crate::domain::requests::{BeatRequest, FetchRequest};
 use crate::domain::state::JobState;
 use crate::domain::time;
 
+use crate::domain::worker::takes_no_jobs;
 pub use crate::domain::worker::WorkerState;
 
 /// The workers resource, as a caller holds it: the connection and what the resource owns.
@@ -69,6 +71,10 @@ pub(super) struct WorkerSummary {
     directive: WorkerState,
     #[serde(with = "time::millis")]
     last_seen: DateTime<Utc>,
+    /// The state its last heartbeat reported: FETCH hands a quiet or draining worker no
+    /// job.
+    #[serde(default)]
+    reported_state: Option<String>,
 }
 
 pub(super) type WorkerMirror = Arc<Mirror<WorkerSummary>>;
@@ -277,6 +283,28 @@ impl Workers {
         (now - last_seen).to_std().unwrap_or_default() >= self.conn.heartbeat_timeout
     }
 
+    /// FETCH for a worker (HTTP, gRPC, `StreamJobs`): a worker whose last heartbeat
+    /// reported it quiet, draining or terminating (graceful-shutdown spec §5, as this
+    /// replica's mirror knows it) gets no job — its FETCH waits out its wait empty, as
+    /// when no job comes; any other FETCH is [`Jobs::fetch_for_caller`].
+    ///
+    /// # Errors
+    /// As [`Jobs::fetch_for_caller`].
+    pub async fn fetch(&self, req: FetchRequest) -> Result<Vec<Job>, OjsError> {
+        let winding_down = req.worker_id.as_deref().is_some_and(|id| {
+            self.own
+                .mirror
+                .get(&worker_key(id))
+                .and_then(|w| w.reported_state)
+                .is_some_and(|state| takes_no_jobs(&state))
+        });
+        if winding_down {
+            tokio::time::sleep(req.wait.unwrap_or_default()).await;
+            return Ok(Vec::new());
+        }
+        self.jobs.fetch_for_caller(req).await
+    }
+
     /// How many workers the registry holds, from this replica's mirror.
     pub fn count(&self) -> usize {
         self.own.mirror.len()
@@ -360,6 +388,7 @@ impl Workers {
             worker_id: rec.worker_id.clone(),
             directive: rec.directive,
             last_seen: rec.last_seen,
+            reported_state: rec.reported_state.clone(),
         });
         self.own.mirror.remember(&key, written.revision, summary);
         Ok(written.value)

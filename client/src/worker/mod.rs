@@ -728,16 +728,22 @@ impl Engine {
         let _ = tokio::time::timeout(REPORT_PATIENCE, self.slots.acquire_many(all)).await;
     }
 
-    /// Reports state and active jobs every interval; follows the answer's directive and
-    /// cancels jobs the server reports cancelled. Failures are logged and retried next time,
-    /// never a reason to change state.
+    /// Reports state and active jobs every interval and on each change of state; follows
+    /// the answer's directive and cancels jobs the server reports cancelled. Failures are
+    /// logged and retried next time, never a reason to change state.
     async fn heartbeat_loop(self: Arc<Self>) {
         let hostname = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "unknown".into());
         let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
+        let mut changes = self.control.state.subscribe();
         loop {
-            tick.tick().await;
+            // Each interval, and at once when the state changes: the server hands a quiet
+            // or draining worker no job, and one running again its jobs from this beat on.
+            tokio::select! {
+                _ = tick.tick() => {}
+                Ok(()) = changes.changed() => {}
+            }
             let ids: Vec<String> = self
                 .active
                 .lock()
@@ -745,9 +751,16 @@ impl Engine {
                 .keys()
                 .cloned()
                 .collect();
+            // Terminating with jobs still running is the grace period: `drain` tells the
+            // server (and operators) that this worker finishes what it holds and takes
+            // nothing new.
+            let reported = match self.state() {
+                WorkerState::Terminate if !ids.is_empty() => "drain",
+                state => state.as_str(),
+            };
             let body = json!({
                 "worker_id": self.cfg.worker_id,
-                "state": self.state().as_str(),
+                "state": reported,
                 "active_jobs": ids.len(),
                 "active_job_ids": ids,
                 "hostname": hostname,

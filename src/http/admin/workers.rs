@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::domain::error::OjsError;
 use crate::domain::fields::truncated;
 use crate::domain::time::format;
-use crate::domain::worker::is_worker_id;
+use crate::domain::worker::{is_worker_id, takes_no_jobs};
 use crate::http::error::ApiError;
 use crate::http::extract::{pagination, paging};
 use crate::http::respond::respond;
@@ -93,19 +93,23 @@ async fn direct(
 }
 
 /// A worker as listed (admin spec §9.1); `state` is `stale` for a worker silent past the
-/// heartbeat timeout, else the directive in force, which `directive` always names.
-/// `last_heartbeat` and `pid` are what the `ojs` command line reads.
+/// heartbeat timeout, else what it reported once it winds down (`quiet`, `drain`,
+/// `terminate`: it takes no new job), else the directive in force, which
+/// `directive` always names. `last_heartbeat` and `pid` are what the `ojs` command line
+/// reads.
 fn item(w: &WorkerRecord, stale: bool) -> Value {
-    let directive = match w.directive {
-        WorkerState::Running => "running",
-        WorkerState::Quiet => "quiet",
-        WorkerState::Terminate => "terminate",
+    let directive = w.directive.as_str();
+    let winding_down = w.reported_state.as_deref().filter(|s| takes_no_jobs(s));
+    let state = match (stale, winding_down) {
+        (true, _) => "stale",
+        (false, Some(reported)) => reported,
+        (false, None) => directive,
     };
     json!({
         "id": w.worker_id,
         "hostname": w.info.get("hostname"),
         "pid": w.info.get("pid"),
-        "state": if stale { "stale" } else { directive },
+        "state": state,
         "directive": directive,
         "reported_state": w.reported_state,
         "queues": w.info.get("queues"),

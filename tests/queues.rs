@@ -687,6 +687,12 @@ async fn an_override_holds_a_queue_everywhere_until_it_expires_or_is_removed() {
         "its own concurrency stays: {}",
         r.body
     );
+    // Removed through the gateway that set it: the answer and every read after agree.
+    let r = a.delete("/ojs/v1/rate-limits/ovr/override").await;
+    assert_eq!(r.body["removed"], true, "{}", r.body);
+    assert!(r.body.get("override").is_none(), "{}", r.body);
+    let r = a.get("/ojs/v1/rate-limits/ovr").await;
+    assert!(r.body.get("override").is_none(), "{}", r.body);
 
     // Bad input and unknown queues.
     let r = a

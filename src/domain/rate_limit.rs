@@ -250,11 +250,13 @@ impl LimitOverride {
                     })?,
             ),
         };
+        // To the millisecond, as the registry stores them: `set_at` names the override a
+        // removal ends, compared with the stored copy.
         Ok(LimitOverride {
             rate,
             concurrency,
-            expires_at,
-            set_at: now,
+            expires_at: expires_at.map(time::to_millis),
+            set_at: time::to_millis(now),
         })
     }
 
@@ -548,6 +550,12 @@ mod tests {
         );
         let cli = read_override(&json!({"concurrency": 20}), now).unwrap();
         assert_eq!((cli.rate, cli.concurrency), (None, Some(20)));
+        // Stored and read back, it is the same override (a removal names it by `set_at`).
+        let precise = now + chrono::Duration::nanoseconds(123_456_789);
+        let set = read_override(&json!({"concurrency": 1}), precise).unwrap();
+        let stored: LimitOverride =
+            serde_json::from_value(serde_json::to_value(set).unwrap()).unwrap();
+        assert_eq!(stored, set);
         for (bad, field) in [
             (json!({}), "concurrency"),
             (json!({"concurrency": -1}), "concurrency"),

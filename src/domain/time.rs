@@ -22,6 +22,12 @@ pub fn add(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
         .map_or(LATEST, |at| at.min(LATEST))
 }
 
+/// `t` to the millisecond, as records store it: a time kept in memory then compares equal
+/// to its copy read back.
+pub fn to_millis(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
+}
+
 /// Length of a timestamp as this server writes it: `2026-02-12T10:30:00.123Z`.
 const WRITTEN_LEN: usize = 24;
 

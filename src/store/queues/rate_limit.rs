@@ -155,7 +155,7 @@ impl Queues {
     /// Ends `queue`'s override — only the one set at `set_at` when that is named (its
     /// expiry): the token streams back at the queue's own limits first, then the registry
     /// entry without it. A crash between leaves the override in the entry: removing it
-    /// again, or its expiry, ends it. Whether there was one to end.
+    /// again, or its expiry, ends it. Whether it ended one.
     ///
     /// # Errors
     /// 404 for a queue never seen; `backend_error` when NATS fails.
@@ -184,10 +184,11 @@ impl Queues {
             },
         )
         .await?;
-        registry
+        let now = registry
             .set_override(queue, None, Some(set.set_at), Utc::now())
             .await?;
-        Ok(true)
+        // A newer override set meanwhile stays (and shows in the answer).
+        Ok(now.limit_override.is_none_or(|o| o.set_at != set.set_at))
     }
 
     /// Where a queue's limits stand (rate-limiting spec §10.1): places taken of its

@@ -709,3 +709,87 @@ async fn an_override_holds_a_queue_everywhere_until_it_expires_or_is_removed() {
         .await;
     assert_eq!(r.status, 404, "{}", r.body);
 }
+
+/// `DELETE /ojs/v1/queues/{name}` (the command line's `queues --delete`): refused while the
+/// queue holds unfinished jobs; once empty, no longer listed, and a PUSH brings it back.
+/// The leader removes a deleted queue's entry once no job can be on its way, and brings
+/// the queue back instead when a message reached its stream after all.
+#[tokio::test]
+async fn a_queue_is_deleted_only_when_empty_and_comes_back_with_a_job() {
+    let nats = NatsServer::start();
+    let app = spawn_app_with(ojs_jetstream::config::Config {
+        request_deadline_ms: 1_000,
+        batch_grace_ms: 1_000,
+        nats_timeout_ms: 500,
+        ..test_config(&nats.url)
+    })
+    .await;
+    let listed = |app: &TestApp| {
+        let app = app.client();
+        async move {
+            let r = app.get("/ojs/v1/queues").await;
+            r.body["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q["name"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let id = app.enqueue(job("del", json!({}))).await;
+    let r = app.delete("/ojs/v1/queues/del").await;
+    r.assert_error(409, "conflict");
+    assert_eq!(r.body["error"]["details"]["available"], 1, "{}", r.body);
+    let jobs = app.fetch(&["del"], "w").await;
+    assert_eq!(app.ack(json!({"job_id": jobs[0]["id"]})).await.status, 200);
+    let r = app.delete("/ojs/v1/queues/del").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["deleted"], true);
+    assert!(!listed(&app).await.contains(&"del".to_owned()));
+    app.delete("/ojs/v1/queues/del")
+        .await
+        .assert_error(404, "not_found");
+    assert_eq!(
+        app.job(&id).await["state"],
+        "completed",
+        "its finished jobs stay"
+    );
+
+    // A PUSH brings it back, and its job is served.
+    let again = app.enqueue(job("del", json!({}))).await;
+    assert!(listed(&app).await.contains(&"del".to_owned()));
+    assert_eq!(app.fetch(&["del"], "w").await[0]["id"], again);
+
+    // Deleted and left alone: the leader removes its entry after the grace (2 s here).
+    app.enqueue(job("gone", json!({}))).await;
+    let jobs = app.fetch(&["gone"], "w").await;
+    app.ack(json!({"job_id": jobs[0]["id"]})).await;
+    assert_eq!(app.delete("/ojs/v1/queues/gone").await.status, 200);
+    let js = async_nats::jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+    let registry = js.get_key_value("ojs-queues").await.unwrap();
+    eventually(Duration::from_secs(10), "the entry removed", || async {
+        registry.get("gone").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(!listed(&app).await.contains(&"gone".to_owned()));
+
+    // A message that reached a deleted queue's stream (a PUSH that had read the entry
+    // before the deletion) brings the queue back instead.
+    app.enqueue(job("late", json!({}))).await;
+    let jobs = app.fetch(&["late"], "w").await;
+    app.ack(json!({"job_id": jobs[0]["id"]})).await;
+    assert_eq!(app.delete("/ojs/v1/queues/late").await.status, 200);
+    js.publish("ojs.q.late.0", "late".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the queue back", || async {
+        listed(&app)
+            .await
+            .contains(&"late".to_owned())
+            .then_some(())
+    })
+    .await;
+    assert!(registry.get("late").await.unwrap().is_some());
+}

@@ -5,10 +5,10 @@
 mod cron;
 mod deadline_watch;
 mod event_publisher;
-mod limit_overrides;
 mod progress;
 mod pruner;
 mod queue_bounds;
+mod registry_upkeep;
 mod slot_sweeper;
 mod stats_history;
 mod timer_scheduler;
@@ -28,10 +28,10 @@ use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otlp::SpanExporter;
 pub use cron::CronScheduler;
 pub use event_publisher::EventPublisher;
-pub use limit_overrides::LimitOverrides;
 pub use progress::{Pulse, Round, Stall, Stalls};
 pub use pruner::Pruner;
 pub use queue_bounds::QueueBounds;
+pub use registry_upkeep::RegistryUpkeep;
 pub use slot_sweeper::SlotSweeper;
 pub use stats_history::StatsHistory;
 pub use timer_scheduler::TimerScheduler;
@@ -182,8 +182,8 @@ impl Coordinator {
         l.spawn("slot_sweeper", |pulse| {
             SlotSweeper::new(store.clone()).run(token.clone(), pulse)
         });
-        l.spawn("limit_overrides", |pulse| {
-            LimitOverrides::new(store.clone()).run(token.clone(), pulse)
+        l.spawn("registry_upkeep", |pulse| {
+            RegistryUpkeep::new(store.clone()).run(token.clone(), pulse)
         });
         l.spawn("stats_history", |pulse| {
             StatsHistory::new(store.clone()).run(token.clone(), pulse)

@@ -45,6 +45,15 @@ impl StateCounts {
         n.max(0) as u64
     }
 
+    /// Jobs not finished yet: waiting, scheduled, retrying, running or pending.
+    pub fn unfinished(&self) -> u64 {
+        JobState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| self.of(s))
+            .sum()
+    }
+
     fn slot(&mut self, state: JobState) -> &mut i64 {
         match state {
             JobState::Scheduled => &mut self.scheduled,
@@ -184,6 +193,22 @@ impl QueueCounts {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn unfinished_jobs_are_those_in_no_terminal_state() {
+        let counts = StateCounts {
+            scheduled: 1,
+            available: 2,
+            pending: 3,
+            active: 4,
+            completed: 100,
+            retryable: 5,
+            cancelled: 100,
+            discarded: 100,
+        };
+        assert_eq!(counts.unfinished(), 15);
+        assert_eq!(StateCounts::default().unfinished(), 0);
+    }
 
     fn at(secs: i64) -> DateTime<Utc> {
         Utc.timestamp_opt(secs, 0).unwrap()

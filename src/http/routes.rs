@@ -407,6 +407,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
             admin::queues::create,
         )
         .add(
+            M::DELETE,
+            "/ojs/v1/queues/{name}",
+            Admin,
+            "Delete a queue that holds no unfinished job",
+            admin::queues::delete,
+        )
+        .add(
             M::POST,
             "/ojs/v1/queues/{name}/purge",
             Admin,

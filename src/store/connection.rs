@@ -49,6 +49,8 @@ pub(super) struct Connection {
     pub(super) default_on_exhaustion: OnExhaustion,
     /// How long a batch PUSH may take (`batch_grace_ms`).
     pub(super) batch_grace: Duration,
+    /// How long any request may take (`request_deadline_ms`).
+    pub(super) request_deadline: Duration,
     /// Longest wait for one NATS answer (`nats_timeout_ms`).
     pub(super) nats_timeout: Duration,
     /// Largest job record this store will write.
@@ -124,6 +126,7 @@ impl Connection {
             workflow_grace: Duration::from_millis(cfg.workflow_grace_ms),
             default_on_exhaustion: cfg.default_on_exhaustion,
             batch_grace: Duration::from_millis(cfg.batch_grace_ms),
+            request_deadline: cfg.request_deadline(),
             nats_timeout: Duration::from_millis(cfg.nats_timeout_ms),
             // A job of `max_job_bytes` plus the room it may grow by, within what the NATS
             // server accepts in one message (less its own headers).

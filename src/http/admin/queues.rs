@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::older_than;
 use crate::domain::bulk::confirmed;
 use crate::domain::envelope::validate_queue;
-use crate::domain::error::OjsError;
+use crate::domain::error::{ErrorCode, OjsError};
 use crate::domain::fields;
 use crate::domain::listing::ListQuery;
 use crate::domain::queue_config::{self, QueueConfig};
@@ -124,6 +124,40 @@ pub async fn create(
         *response.status_mut() = StatusCode::CREATED;
     }
     Ok(response)
+}
+
+/// `DELETE /ojs/v1/queues/{name}` (the `ojs` command line's `queues --delete`): deletes a
+/// queue that holds no unfinished job, counted exactly as of the request (409 otherwise:
+/// let them finish, or cancel and purge them first). It is no longer listed; its finished
+/// jobs stay until pruned, and a job that reaches it again (a PUSH, a cron tick) brings
+/// it back (architecture §3.17).
+pub async fn delete(
+    State(state): State<SharedState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_queue(&name)?;
+    let stats = state.store.stats().queue(&name).await?;
+    let states = &stats.counts.states;
+    let unfinished = states.unfinished();
+    if stats.meta.is_some_and(|m| m.deleted_at.is_none()) && unfinished > 0 {
+        let mut err = OjsError::new(
+            ErrorCode::Conflict,
+            format!(
+                "Queue '{name}' holds {unfinished} unfinished jobs: let them finish, or cancel and purge them, before deleting it."
+            ),
+        )
+        .with_detail("queue", name.clone())
+        .with_detail("unfinished", unfinished);
+        for s in JobState::ALL.into_iter().filter(|s| !s.is_terminal()) {
+            err = err.with_detail(s.as_str(), states.of(s));
+        }
+        return Err(err.into());
+    }
+    state.store.queues().delete(&name).await?;
+    Ok(respond(
+        StatusCode::OK,
+        &json!({"queue": name, "deleted": true}),
+    ))
 }
 
 /// `DELETE /admin/queues/{name}/jobs` with `{states, older_than?, confirm: true}`: removes

@@ -184,7 +184,7 @@ impl Events {
 
     /// Page `page` (from 1) of `per_page` events matching `q`, newest first, and how many
     /// match in all. Unfiltered, the page is read by its sequences; filtered, the newest
-    /// [`NEWEST_WINDOW`] events are looked at (`complete` says whether that is all of
+    /// `NEWEST_WINDOW` events are looked at (`complete` says whether that is all of
     /// them).
     ///
     /// # Errors

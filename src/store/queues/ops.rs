@@ -59,6 +59,16 @@ impl Queues {
         Ok(meta)
     }
 
+    /// Deletes `queue` (the `ojs` command line's `queues --delete`), which the caller found
+    /// holding no unfinished job: no longer listed; its streams, counters and finished
+    /// jobs stay, and a job that reaches it again brings it back (architecture §3.17).
+    ///
+    /// # Errors
+    /// 404 for a queue not registered; `backend_error` when NATS fails.
+    pub async fn delete(&self, queue: &str) -> Result<(), OjsError> {
+        self.own.registry.delete(queue, Utc::now()).await
+    }
+
     /// How many of `queue`'s jobs wait or run in each of its priorities (priority spec
     /// §10.3), highest first: the messages of each priority's subject in the queue's
     /// stream, from one stream info. A job cancelled or moved to another priority while it

@@ -67,6 +67,15 @@ pub struct QueueMeta {
     /// expires (`PUT /rate-limits/{key}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_override: Option<LimitOverride>,
+    /// When an operator deleted the queue (`DELETE /queues/{name}`): no longer listed, its
+    /// entry removed by the leader once no job can still be on its way; any other write
+    /// of the entry (a PUSH, a pause) brings the queue back.
+    #[serde(
+        default,
+        with = "time::opt_millis",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deleted_at: Option<DateTime<Utc>>,
     #[serde(with = "time::millis")]
     pub created_at: DateTime<Utc>,
 }
@@ -116,6 +125,7 @@ impl QueueMeta {
             concurrency: None,
             bound: None,
             limit_override: None,
+            deleted_at: None,
             created_at: now,
         }
     }
@@ -244,8 +254,98 @@ impl QueueRegistry {
     /// `max_queues` entries).
     pub fn list(&self) -> Vec<QueueMeta> {
         let mut queues = self.inner.queues.values();
+        queues.retain(|m| m.deleted_at.is_none());
         queues.sort_by(|a, b| a.name.cmp(&b.name));
         queues
+    }
+
+    /// Every deleted queue whose entry is still kept, with when it was deleted.
+    pub fn deleted(&self) -> Vec<(String, DateTime<Utc>)> {
+        self.inner
+            .queues
+            .values()
+            .into_iter()
+            .filter_map(|m| Some((m.name, m.deleted_at?)))
+            .collect()
+    }
+
+    /// Deletes `queue` (the caller found it holding no job): its entry is marked, so it is
+    /// no longer listed, while a FETCH still serves a job that a PUSH which read the entry
+    /// before may yet publish.
+    ///
+    /// # Errors
+    /// 404 for a queue not registered; 409/503 when the entry kept changing.
+    pub async fn delete(&self, queue: &str, now: DateTime<Utc>) -> Result<(), OjsError> {
+        if self
+            .lookup(queue)
+            .await?
+            .is_none_or(|m| m.deleted_at.is_some())
+        {
+            return Err(OjsError::not_found("queue", queue));
+        }
+        let reg = &self.inner;
+        let key = encode_queue(queue);
+        let written = cas::change(
+            &reg.kv,
+            &key,
+            "queue",
+            queue,
+            |current: Option<&QueueMeta>| {
+                let mut meta = current?.clone();
+                meta.deleted_at.get_or_insert(now);
+                Some(meta)
+            },
+        )
+        .await?;
+        reg.queues.remember(&key, written.revision, written.value);
+        Ok(())
+    }
+
+    /// Leader: removes the entry of `queue`, deleted before `before`, when its stream holds
+    /// no message; one that received a job after all is brought back. Whether the entry
+    /// is gone. A write of the entry meanwhile (a PUSH reviving it) makes the removal a
+    /// no-op by its revision check.
+    ///
+    /// # Errors
+    /// When NATS fails; the next round repeats it.
+    pub async fn remove_deleted(
+        &self,
+        queue: &str,
+        before: DateTime<Utc>,
+    ) -> Result<bool, OjsError> {
+        let reg = &self.inner;
+        let key = encode_queue(queue);
+        let current = cas::read::<QueueMeta>(&reg.kv, &key, Replica::Leader, "queue").await?;
+        let Some(meta) = current.value else {
+            return Ok(true);
+        };
+        if meta.deleted_at.is_none_or(|at| at >= before) {
+            return Ok(false);
+        }
+        // A queue that never had a lane has no stream (registered by a pause).
+        let waiting = if meta.priorities.is_empty() {
+            0
+        } else {
+            let doing = "reading a deleted queue's stream";
+            let name = reg.topology.queue_stream(queue);
+            answered(doing, || reg.js.get_stream(&name))
+                .await?
+                .said
+                .map_err(backend(doing))?
+                .cached_info()
+                .state
+                .messages
+        };
+        if waiting > 0 {
+            self.change_entry(queue, Utc::now(), |_| true).await?;
+            return Ok(false);
+        }
+        // A delete marker, not a purge: the replicas' watches see it (architecture §2).
+        Ok(reg
+            .kv
+            .delete_expect_revision(&key, Some(current.revision))
+            .await
+            .is_ok())
     }
 
     /// Whether this replica's copy of the registry has `queue` held at `now` (paused, or
@@ -446,7 +546,9 @@ impl QueueRegistry {
                 let mut meta = current
                     .cloned()
                     .unwrap_or_else(|| QueueMeta::new(queue, now));
-                (change(&mut meta) || current.is_none()).then_some(meta)
+                // Any write brings a deleted queue back: it is in use again.
+                let revived = meta.deleted_at.take().is_some();
+                (change(&mut meta) || revived || current.is_none()).then_some(meta)
             },
         )
         .await?;
@@ -474,7 +576,7 @@ impl QueueRegistry {
         let known = self.inner.queues.get(&key);
         if known
             .as_ref()
-            .is_some_and(|m| m.priorities.contains(&priority))
+            .is_some_and(|m| m.priorities.contains(&priority) && m.deleted_at.is_none())
         {
             return Ok(());
         }

@@ -83,6 +83,16 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
         self.read().by_key.get(key).and_then(|(_, v)| v.clone())
     }
 
+    /// What `f` reads of the value under `key`, without copying the value: the lookups
+    /// every FETCH and PUSH makes.
+    pub fn with<R>(&self, key: &str, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.read()
+            .by_key
+            .get(key)
+            .and_then(|(_, v)| v.as_ref())
+            .map(f)
+    }
+
     pub fn values(&self) -> Vec<T> {
         self.read()
             .by_key

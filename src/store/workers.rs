@@ -294,9 +294,10 @@ impl Workers {
         let winding_down = req.worker_id.as_deref().is_some_and(|id| {
             self.own
                 .mirror
-                .get(&worker_key(id))
-                .and_then(|w| w.reported_state)
-                .is_some_and(|state| takes_no_jobs(&state))
+                .with(&worker_key(id), |w| {
+                    w.reported_state.as_deref().is_some_and(takes_no_jobs)
+                })
+                .unwrap_or(false)
         });
         if winding_down {
             tokio::time::sleep(req.wait.unwrap_or_default()).await;

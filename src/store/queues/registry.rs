@@ -240,8 +240,8 @@ impl QueueRegistry {
         let mirror = &self.inner.queues;
         let known = |(queue, priority): (&str, i32)| {
             mirror
-                .get(&encode_queue(queue))
-                .is_some_and(|m| m.priorities.contains(&priority))
+                .with(&encode_queue(queue), |m| m.priorities.contains(&priority))
+                .unwrap_or(false)
         };
         if lanes.clone().all(known) {
             return Ok(());
@@ -354,16 +354,15 @@ impl QueueRegistry {
     pub fn is_held(&self, queue: &str, now: DateTime<Utc>) -> bool {
         self.inner
             .queues
-            .get(&encode_queue(queue))
-            .is_some_and(|m| m.held(now))
+            .with(&encode_queue(queue), |m| m.held(now))
+            .unwrap_or(false)
     }
 
     /// The limits in force for `queue` at `now` as this replica knows them.
     pub fn limits(&self, queue: &str, now: DateTime<Utc>) -> Limits {
         self.inner
             .queues
-            .get(&encode_queue(queue))
-            .map(|m| m.limits(now))
+            .with(&encode_queue(queue), |m| m.limits(now))
             .unwrap_or_default()
     }
 
@@ -371,8 +370,7 @@ impl QueueRegistry {
     pub fn own_limits(&self, queue: &str) -> Limits {
         self.inner
             .queues
-            .get(&encode_queue(queue))
-            .map(|m| m.own_limits())
+            .with(&encode_queue(queue), QueueMeta::own_limits)
             .unwrap_or_default()
     }
 
@@ -444,7 +442,7 @@ impl QueueRegistry {
     /// 400 naming the limit.
     pub fn admit_new(&self, queue: &str) -> Result<(), OjsError> {
         let reg = &self.inner;
-        if reg.queues.get(&encode_queue(queue)).is_none() {
+        if !reg.queues.contains(&encode_queue(queue)) {
             lanes::admit_queues(reg.queues.values().len() + 1, reg.limits)?;
         }
         Ok(())
@@ -454,8 +452,8 @@ impl QueueRegistry {
     pub fn bound(&self, queue: &str) -> Option<Bound> {
         self.inner
             .queues
-            .get(&encode_queue(queue))
-            .and_then(|m| m.bound)
+            .with(&encode_queue(queue), |m| m.bound)
+            .flatten()
     }
 
     /// Makes `bound` the queue's (its depth stream must exist already), or unbounds it.
@@ -573,14 +571,16 @@ impl QueueRegistry {
         now: DateTime<Utc>,
     ) -> Result<(), OjsError> {
         let key = encode_queue(queue);
-        let known = self.inner.queues.get(&key);
-        if known
-            .as_ref()
-            .is_some_and(|m| m.priorities.contains(&priority) && m.deleted_at.is_none())
-        {
+        let known = self.inner.queues.with(&key, |m| {
+            (
+                m.priorities.contains(&priority) && m.deleted_at.is_none(),
+                !m.priorities.is_empty(),
+            )
+        });
+        if known.is_some_and(|(registered, _)| registered) {
             return Ok(());
         }
-        if known.is_none_or(|m| m.priorities.is_empty()) {
+        if known.is_none_or(|(_, has_lanes)| !has_lanes) {
             let config = self.inner.topology.queue_stream_config(queue);
             crate::store::connection::ensure_stream(&self.inner.js, config).await?;
         }

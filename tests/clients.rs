@@ -1226,6 +1226,23 @@ async fn the_admin_uis_pages_and_actions_read_their_shapes() {
         .await
         .assert_error(400, "invalid_request");
 
+    // The schemas page lists the registry under the admin path.
+    let r = app
+        .post(
+            "/ojs/v1/schemas",
+            json!({"uri": "urn:ojs:schema:t.ui:v1", "type": "t.ui", "version": 1,
+                "schema": {"type": "array"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = app.get("/ojs/v1/admin/schemas").await;
+    assert_eq!(r.body["schemas"][0]["type"], "t.ui", "{}", r.body);
+    assert_eq!(
+        r.body["schemas"][0]["uri"], "urn:ojs:schema:t.ui:v1",
+        "{}",
+        r.body
+    );
+
     // A rate-only limit still shows the jobs running.
     let limited = app
         .enqueue(

@@ -639,6 +639,13 @@ fn table(routes: Routes, allow_reset: bool) -> Routes {
         )
         .add(
             M::GET,
+            "/ojs/v1/admin/schemas",
+            Admin,
+            "Registered schemas (the admin UI's path)",
+            schemas::list,
+        )
+        .add(
+            M::GET,
             "/ojs/v1/schemas/{uri}",
             Key,
             "A schema (its URI percent-encoded)",

@@ -1,6 +1,7 @@
 //! How a leader service shows that it gets on with its work, and what the replica remembers
 //! of a leadership that ended because one did not (architecture §3.10, stalls).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// What a round of a stream-driven service (`run_once`) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,24 @@ impl Pulse {
     /// The work is done, or there is none.
     pub fn idle(&self) {
         self.0.since.store(0, Ordering::Relaxed);
+    }
+
+    /// The loop of a periodic leader service: `round` every `period` until `cancel`, each
+    /// round marked as work.
+    pub async fn every<F, Fut>(&self, period: Duration, cancel: &CancellationToken, mut round: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            self.working();
+            round().await;
+            self.idle();
+        }
     }
 
     /// Part of the work is done and more is under way: what is left counts from now.

@@ -27,15 +27,11 @@ impl RegistryUpkeep {
 
     /// Works (`pulse`) through each round, one every `EVERY`.
     pub async fn run(self, cancel: CancellationToken, pulse: Pulse) {
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(EVERY) => {}
-            }
-            pulse.working();
-            self.run_once().await;
-            pulse.idle();
-        }
+        pulse
+            .every(EVERY, &cancel, || async {
+                self.run_once().await;
+            })
+            .await;
     }
 
     /// One round over every overridden and every deleted queue; how many overrides it

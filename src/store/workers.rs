@@ -71,10 +71,17 @@ pub(super) struct WorkerSummary {
     directive: WorkerState,
     #[serde(with = "time::millis")]
     last_seen: DateTime<Utc>,
-    /// The state its last heartbeat reported: FETCH hands a quiet or draining worker no
-    /// job.
-    #[serde(default)]
-    reported_state: Option<String>,
+    /// Whether its last heartbeat reported it quiet, draining or terminating: FETCH hands
+    /// it no job. Kept as a flag, so the summary stays small whatever state text the
+    /// worker sent.
+    #[serde(default, rename = "reported_state", deserialize_with = "winding_down")]
+    winding_down: bool,
+}
+
+/// The summary's `winding_down` from the entry's `reported_state`.
+fn winding_down<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let state = Option::<String>::deserialize(d)?;
+    Ok(state.as_deref().is_some_and(takes_no_jobs))
 }
 
 pub(super) type WorkerMirror = Arc<Mirror<WorkerSummary>>;
@@ -294,9 +301,7 @@ impl Workers {
         let winding_down = req.worker_id.as_deref().is_some_and(|id| {
             self.own
                 .mirror
-                .with(&worker_key(id), |w| {
-                    w.reported_state.as_deref().is_some_and(takes_no_jobs)
-                })
+                .with(&worker_key(id), |w| w.winding_down)
                 .unwrap_or(false)
         });
         if winding_down {
@@ -389,7 +394,7 @@ impl Workers {
             worker_id: rec.worker_id.clone(),
             directive: rec.directive,
             last_seen: rec.last_seen,
-            reported_state: rec.reported_state.clone(),
+            winding_down: rec.reported_state.as_deref().is_some_and(takes_no_jobs),
         });
         self.own.mirror.remember(&key, written.revision, summary);
         Ok(written.value)
